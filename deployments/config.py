@@ -1,0 +1,149 @@
+"""What an operator writes for one model type, and its translation into Ray Serve options."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL = "tiny"
+"""The `model` value (also the default) that means: serve the generated tiny test model."""
+
+
+def validate_autoscaling(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Check an autoscaling_config with Ray Serve's own model, refusing unknown options."""
+    if value is None:
+        return None
+    from ray.serve.config import AutoscalingConfig
+
+    unknown = sorted(set(value) - set(AutoscalingConfig.model_fields))
+    if unknown:
+        raise ValueError(f"unknown autoscaling option(s) {unknown}")
+    AutoscalingConfig(**value)
+    return value
+
+
+AutoscalingOptions = Annotated[dict[str, Any] | None, AfterValidator(validate_autoscaling)]
+"""Ray Serve's `autoscaling_config`, checked by Ray's own model."""
+
+
+class ModelTypeConfig(BaseModel):
+    """One logical model type (e.g. ServiceAi-Fast): the concrete model, its engine, its replicas."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")
+    description: str = ""
+    model: str = Field(
+        TINY_MODEL,
+        description="Hugging Face id or local path; 'tiny' generates the test model. "
+        "Overridden by the environment variable named in `model_env`.",
+    )
+    model_env: str | None = Field(
+        None, description="Environment variable that, when set, replaces `model`."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Passed verbatim to vLLM's AsyncEngineArgs."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, le=16)
+
+    num_replicas: int | None = Field(None, ge=0)
+    autoscaling_config: AutoscalingOptions = None
+    max_ongoing_requests: int = Field(64, ge=1)
+    max_queued_requests: int = Field(-1, ge=-1)
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus_per_shard: float = Field(0, ge=0, le=1)
+    accelerator_type: str | None = None
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    health_check_period_s: float = Field(10.0, gt=0)
+    health_check_timeout_s: float = Field(30.0, gt=0)
+    graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
+
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args_are_ours_to_set(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = {"model", "tokenizer", "served_model_name", "tensor_parallel_size"} & value.keys()
+        if reserved:
+            raise ValueError(
+                f"set {sorted(reserved)} through the model type's own fields, not engine_args"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _replicas_or_autoscaling(self) -> ModelTypeConfig:
+        if self.num_replicas is not None and self.autoscaling_config is not None:
+            raise ValueError("set either num_replicas or autoscaling_config, not both")
+        if self.accelerator_type and not self.num_gpus_per_shard:
+            raise ValueError("accelerator_type needs num_gpus_per_shard > 0")
+        if self.tensor_parallel_size > 1 and self.num_gpus_per_shard != 1:
+            raise ValueError("tensor_parallel_size > 1 needs num_gpus_per_shard: 1")
+        return self
+
+    def resolved_model(self, environ: dict[str, str] | None = None) -> str:
+        """The concrete model: the override from `model_env` if set, else `model`."""
+        environ = os.environ if environ is None else environ
+        if self.model_env and environ.get(self.model_env):
+            return environ[self.model_env]
+        return self.model
+
+    def serve_options(self) -> dict[str, Any]:
+        """Keyword arguments for `Deployment.options()` of this model type's deployment."""
+        actor_options: dict[str, Any] = {"num_cpus": self.num_cpus}
+        if self.env_vars:
+            actor_options["runtime_env"] = {"env_vars": dict(self.env_vars)}
+        options: dict[str, Any] = {
+            "name": self.name,
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "max_queued_requests": self.max_queued_requests,
+            "health_check_period_s": self.health_check_period_s,
+            "health_check_timeout_s": self.health_check_timeout_s,
+            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "ray_actor_options": actor_options,
+        }
+        if self.autoscaling_config is not None:
+            options["autoscaling_config"] = dict(self.autoscaling_config)
+        else:
+            options["num_replicas"] = 1 if self.num_replicas is None else self.num_replicas
+
+        if self.tensor_parallel_size == 1:
+            if self.num_gpus_per_shard:
+                actor_options["num_gpus"] = self.num_gpus_per_shard
+            if self.accelerator_type:
+                actor_options["accelerator_type"] = self.accelerator_type
+        else:
+            # vLLM's Ray executor starts one worker per GPU bundle; the replica itself
+            # sits in bundle 0 and holds no GPU. STRICT_PACK keeps all shards on one node.
+            options["placement_group_bundles"] = self._tensor_parallel_bundles()
+            options["placement_group_strategy"] = "STRICT_PACK"
+        return options
+
+    def _tensor_parallel_bundles(self) -> list[dict[str, float]]:
+        shard: dict[str, float] = {"GPU": 1.0}
+        if self.accelerator_type:
+            shard[f"accelerator_type:{self.accelerator_type}"] = 0.001
+        bundles = [dict(shard) for _ in range(self.tensor_parallel_size)]
+        bundles[0]["CPU"] = self.num_cpus
+        return bundles
+
+    def engine_kwargs(self, model_path: str) -> dict[str, Any]:
+        """Keyword arguments for vLLM's AsyncEngineArgs."""
+        kwargs: dict[str, Any] = {
+            "model": model_path,
+            "tokenizer": model_path,
+            "served_model_name": [self.name],
+            "tensor_parallel_size": self.tensor_parallel_size,
+            **self.engine_args,
+        }
+        if self.tensor_parallel_size > 1:
+            kwargs.setdefault("distributed_executor_backend", "ray")
+        return kwargs
+
+
+def tiny_model_dir() -> Path:
+    """Where the generated test model lives (SERVICEAI_TINY_MODEL_DIR, else ./models/tiny)."""
+    return Path(os.environ.get("SERVICEAI_TINY_MODEL_DIR", PROJECT_ROOT / "models" / "tiny"))
+

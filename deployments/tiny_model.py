@@ -1,0 +1,115 @@
+"""Generate the tiny random Llama model the tests and the local profile serve.
+
+It proves the serving path, not quality: the weights are random, the output is noise.
+Deterministic (fixed seed, fixed corpus) and made in seconds with no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello, how are you today? I am fine, thank you.",
+    "def add(a, b):\n    return a + b\n",
+    "Translate this sentence into French, please.",
+    "Ray Serve scales model replicas; vLLM generates tokens fast.",
+    "Numbers 0 1 2 3 4 5 6 7 8 9 and symbols !?.,;:-_()[]{}<>=+*/\\'\"",
+] * 20
+MARKER = "serviceai-tiny-model.json"
+
+
+def generate(out_dir: Path, vocab_size: int = 512, seed: int = 0) -> Path:
+    """Write a tokenizer and a randomly initialised LlamaForCausalLM into out_dir."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.model_max_length = 2048
+    fast.save_pretrained(out_dir)
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    (out_dir / MARKER).write_text(json.dumps({"seed": seed, "vocab_size": vocab_size}))
+    return out_dir
+
+
+def ensure(out_dir: Path) -> Path:
+    """Generate the model unless a complete one is already in out_dir.
+
+    Several replicas may call this at once: each writes a private folder and renames it
+    into place, so a reader never sees a half-written model.
+    """
+    if (out_dir / MARKER).exists():
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out_dir.parent))
+    try:
+        generate(staging)
+        try:
+            staging.rename(out_dir)
+        except OSError:
+            if not (out_dir / MARKER).exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path, nargs="?", default=Path("models/tiny"))
+    parser.add_argument("--force", action="store_true", help="regenerate even if present")
+    args = parser.parse_args()
+    path = generate(args.out_dir) if args.force else ensure(args.out_dir)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

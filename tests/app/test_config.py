@@ -1,0 +1,38 @@
+import pytest
+from pydantic import ValidationError
+
+from app.builder import build_app
+from app.config import ServiceConfig
+from tests.conftest import app_args
+
+
+def test_shipped_local_config_is_valid():
+    config = ServiceConfig.model_validate(app_args())
+    assert [m.name for m in config.model_types] == ["ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"]
+    assert {m.model_env for m in config.model_types} == {
+        "SERVICEAI_MODEL_FAST", "SERVICEAI_MODEL_PRO", "SERVICEAI_MODEL_CODER"
+    }
+
+
+def test_builder_binds_ingress_and_one_deployment_per_type():
+    application = build_app(app_args())
+    ingress = application._bound_deployment
+    assert ingress.name == "Ingress"
+    models = ingress.init_args[1]
+    assert sorted(models) == ["ServiceAi-Coder", "ServiceAi-Fast", "ServiceAi-Pro"]
+    assert models["ServiceAi-Pro"]._bound_deployment.name == "ServiceAi-Pro"
+
+
+def test_wrong_config_fails_at_build_naming_the_field():
+    args = app_args()
+    args["model_types"][1]["max_ongoing_requests"] = "lots"
+    with pytest.raises(ValidationError) as info:
+        build_app(args)
+    assert "model_types.1.max_ongoing_requests" in str(info.value)
+
+
+def test_duplicate_model_types_are_refused():
+    args = app_args()
+    args["model_types"][1]["name"] = "ServiceAi-Fast"
+    with pytest.raises(ValidationError, match="repeated"):
+        ServiceConfig.model_validate(args)

@@ -1,0 +1,120 @@
+"""What happens around a stream: the client leaving, the engine dying, a type with no replica."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+from ray import serve
+
+from app.builder import build_app
+from tests.conftest import app_args
+
+LONG = {"messages": [{"role": "user", "content": "Tell me a long story"}], "max_tokens": 1500,
+        "stream": True, "extra": "ignored", "ignore_eos": True}
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+def test_client_disconnect_aborts_the_engine_request(stack, http):
+    engine = stack.handle("ServiceAi-Fast")
+    with http.stream("POST", "/v1/chat/completions", json={"model": "ServiceAi-Fast", **LONG}) as response:
+        lines = response.iter_lines()
+        for _ in range(20):
+            next(lines)
+        assert engine.running_requests.remote().result() == 1
+    # The connection is closed: the engine must let go of the request within a few seconds.
+    wait_until(lambda: engine.running_requests.remote().result() == 0, timeout_s=5)
+
+
+def engine_core_pids(stack, deployment: str) -> list[int]:
+    """The engine-core processes under this stack's replica of `deployment`."""
+    title = f"ray::ServeReplica:serviceai:{deployment}"
+    replicas = [
+        p for p in psutil.process_iter(["cmdline"])
+        if " ".join(p.info["cmdline"] or []).startswith(title)
+        and str(stack.ray_dir) in " ".join(p.parent().cmdline())
+    ]
+    assert len(replicas) == 1, replicas
+    children = replicas[0].children(recursive=True)
+    return [p.pid for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+
+
+def test_engine_death_mid_stream_ends_the_stream_with_an_error_then_recovers(stack, http, client):
+    pids = engine_core_pids(stack, "ServiceAi-Coder")
+    assert pids, "no engine core process found"
+    with http.stream("POST", "/v1/chat/completions", json={"model": "ServiceAi-Coder", **LONG}) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for _ in range(5):
+            next(lines)
+        started = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        rest = [line for line in lines if line]
+    assert time.monotonic() - started < 30
+    assert rest[-1] == "data: [DONE]"
+    error = json.loads(rest[-2].removeprefix("data: "))["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "Traceback" not in error["message"]
+
+    # The other model types keep serving while Serve replaces the dead replica.
+    assert client.chat.completions.create(
+        model="ServiceAi-Fast", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    ).choices
+
+    def serves_again() -> bool:
+        response = http.post(
+            "/v1/chat/completions",
+            json={"model": "ServiceAi-Coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
+        return response.status_code == 200
+
+    wait_until(serves_again, timeout_s=180, interval_s=2)
+
+
+@pytest.fixture
+def broken_app(stack):
+    """A second application whose only model type cannot start: it never has a healthy replica."""
+    args = app_args()
+    broken = dict(args["model_types"][0], name="ServiceAi-Broken", model="/nonexistent/model",
+                  model_env=None, health_check_period_s=1)
+    args["model_types"] = [broken]
+    serve._run(build_app(args), name="broken", route_prefix="/broken", _blocking=False)
+    yield f"{stack.origin}/broken"
+    serve.delete("broken", _blocking=True)
+
+
+def test_type_without_a_healthy_replica_gets_503(stack, broken_app):
+    def answer() -> httpx.Response | None:
+        try:
+            response = httpx.post(
+                f"{broken_app}/v1/chat/completions",
+                json={"model": "ServiceAi-Broken", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": f"Bearer {stack.api_key}"},
+                timeout=10,
+            )
+        except httpx.TimeoutException:
+            return None
+        return response if response.status_code == 503 and "error" in response.json() else None
+
+    started = time.monotonic()
+    response = wait_until(answer, timeout_s=120, interval_s=1)
+    # Refused at once, not after queueing for a replica that never comes.
+    assert time.monotonic() - started < 30
+    error = response.json()["error"]
+    assert error["code"] == "model_unavailable" and "ServiceAi-Broken" in error["message"]
+    assert int(response.headers["retry-after"]) > 0
