@@ -18,6 +18,11 @@ class IngressConfig(BaseModel):
     autoscaling_config: AutoscalingOptions = None
     num_cpus: float = Field(0.25, ge=0)
     max_ongoing_requests: int = Field(1024, ge=1)
+    env_vars: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment of the ingress replicas (SERVICEAI_* settings). Ray expands "
+        "${VAR} from the node's environment, so secrets stay out of this file.",
+    )
 
 
     @model_validator(mode="after")
@@ -32,6 +37,8 @@ class IngressConfig(BaseModel):
             "max_ongoing_requests": self.max_ongoing_requests,
             "ray_actor_options": {"num_cpus": self.num_cpus},
         }
+        if self.env_vars:
+            options["ray_actor_options"]["runtime_env"] = {"env_vars": dict(self.env_vars)}
         if self.autoscaling_config is not None:
             options["autoscaling_config"] = dict(self.autoscaling_config)
         else:
@@ -46,6 +53,12 @@ class ServiceConfig(BaseModel):
 
     ingress: IngressConfig = Field(default_factory=IngressConfig)
     model_types: list[ModelTypeConfig] = Field(min_length=1)
+    models_app: str | None = Field(
+        None,
+        description="Serve the model types deployed by this other application instead of "
+        "deploying them here: an extra ingress (another database, more replicas) over the "
+        "same engines.",
+    )
 
     @field_validator("model_types")
     @classmethod

@@ -19,8 +19,15 @@ from app.settings import get_settings
 @serve.deployment
 @serve.ingress()
 class Ingress:
-    async def __init__(self, config: ServiceConfig, models: dict[str, DeploymentHandle]) -> None:
+    async def __init__(
+        self, config: ServiceConfig, models: dict[str, DeploymentHandle] | None
+    ) -> None:
         settings = get_settings()
+        if models is None:
+            models = {
+                m.name: serve.get_deployment_handle(m.name, app_name=config.models_app)
+                for m in config.model_types
+            }
         self._router = ModelRouter(
             models, created=int(time.time()), scale_to_zero=config.scale_to_zero_types()
         )

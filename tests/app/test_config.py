@@ -36,3 +36,18 @@ def test_duplicate_model_types_are_refused():
     args["model_types"][1]["name"] = "ServiceAi-Fast"
     with pytest.raises(ValidationError, match="repeated"):
         ServiceConfig.model_validate(args)
+
+
+def test_ingress_environment_goes_to_its_runtime_env():
+    args = app_args()
+    args["ingress"]["env_vars"] = {"SERVICEAI_DATABASE_URL": "${DATABASE_URL}"}
+    ingress = build_app(args)._bound_deployment
+    assert ingress.ray_actor_options["runtime_env"] == {
+        "env_vars": {"SERVICEAI_DATABASE_URL": "${DATABASE_URL}"}
+    }
+
+
+def test_ingress_only_app_binds_no_model_deployment():
+    args = dict(app_args(), models_app="serviceai")
+    ingress = build_app(args)._bound_deployment
+    assert ingress.init_args[1] is None
