@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ logger = logging.getLogger("serviceai")
 
 RETRY_AFTER_UNAVAILABLE_S = 5
 RETRY_AFTER_OVERLOADED_S = 1
+RECHECK_S = 0.5
 
 
 class ModelEndpoint:
@@ -121,6 +123,8 @@ class ModelRouter:
         self._endpoints = {name: ModelEndpoint(name, h) for name, h in handles.items()}
         self._scale_to_zero = scale_to_zero
         self._unhealthy: frozenset[str] = frozenset()
+        self._refreshed_at = 0.0
+        self._refresh: asyncio.Task[None] | None = None
 
     @property
     def names(self) -> Sequence[str]:
@@ -139,11 +143,18 @@ class ModelRouter:
             )
         return endpoint
 
-    def resolve(self, model: str) -> ModelEndpoint:
-        """The endpoint to dispatch to: 404 for an unknown model, 503 when none is healthy."""
+    async def resolve(self, model: str) -> ModelEndpoint:
+        """The endpoint to dispatch to: 404 for an unknown model, 503 when none is healthy.
+
+        Before refusing, a view older than RECHECK_S is refreshed, so a type that has just
+        (re)started is served at once rather than after the next poll.
+        """
         endpoint = self.get(model)
         if model in self._unhealthy:
-            raise unavailable(model)
+            if time.monotonic() - self._refreshed_at > RECHECK_S:
+                await self.refresh_health()
+            if model in self._unhealthy:
+                raise unavailable(model)
         return endpoint
 
     def unhealthy(self) -> frozenset[str]:
@@ -154,12 +165,19 @@ class ModelRouter:
 
         Types that scale to zero are the exception while they are not failing: there a
         request is what starts the replica, so it waits for the cold start instead.
+        Concurrent callers share one read.
         """
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.ensure_future(self._read_status())
+        await asyncio.shield(self._refresh)
+
+    async def _read_status(self) -> None:
         try:
             status = await asyncio.to_thread(serve.status)
         except Exception as exc:  # the controller may be restarting; keep the last view
             logger.warning("Could not read Serve status: %r", exc)
             return
+        self._refreshed_at = time.monotonic()
         self._unhealthy = frozenset(
             name
             for name, endpoint in self._endpoints.items()

@@ -49,22 +49,26 @@ def test_anything_else_is_500_without_details():
     assert error.status == 500 and "/x/y" not in error.message
 
 
-def test_router_404_lists_models_and_503_when_unhealthy():
+async def test_router_404_lists_models_and_503_when_unhealthy(monkeypatch):
     router = ModelRouter({n: FakeHandle(n) for n in ("A", "B")}, created=1)
     with pytest.raises(ApiError) as info:
-        router.resolve("C")
+        await router.resolve("C")
     assert info.value.status == 404 and info.value.message.endswith("Available models: A, B.")
-    router._unhealthy = frozenset({"B"})
-    assert router.resolve("A").name == "A"
+    statuses = iter([status_with("UPDATING", 0, name="B"), status_with("HEALTHY", 1, name="B")])
+    monkeypatch.setattr("app.dispatch.serve.status", lambda: next(statuses))
+    await router.refresh_health()
+    assert (await router.resolve("A")).name == "A"
     assert router.get("B").name == "B"
     with pytest.raises(ApiError) as info:
-        router.resolve("B")
+        await router.resolve("B")  # the view is fresh: refused without asking again
     assert info.value.status == 503
+    router._refreshed_at -= 1
+    assert (await router.resolve("B")).name == "B"  # a stale refusal is re-checked first
 
 
-def status_with(status: str, running: int):
+def status_with(status: str, running: int, name: str = "A"):
     deployment = SimpleNamespace(status=status, replica_states={"RUNNING": running} if running else {"STARTING": 1})
-    return SimpleNamespace(applications={"serviceai": SimpleNamespace(deployments={"A": deployment})})
+    return SimpleNamespace(applications={"serviceai": SimpleNamespace(deployments={name: deployment})})
 
 
 @pytest.mark.parametrize(

@@ -40,8 +40,8 @@ def test_client_disconnect_aborts_the_engine_request(stack, http):
     wait_until(lambda: engine.running_requests.remote().result() == 0, timeout_s=5)
 
 
-def engine_core_pids(stack, deployment: str) -> list[int]:
-    """The engine-core processes under this stack's replica of `deployment`."""
+def replica_process(stack, deployment: str) -> psutil.Process:
+    """This stack's (single) replica process of `deployment`."""
     title = f"ray::ServeReplica:serviceai:{deployment}"
     replicas = [
         p for p in psutil.process_iter(["cmdline"])
@@ -49,8 +49,28 @@ def engine_core_pids(stack, deployment: str) -> list[int]:
         and str(stack.ray_dir) in " ".join(p.parent().cmdline())
     ]
     assert len(replicas) == 1, replicas
-    children = replicas[0].children(recursive=True)
+    return replicas[0]
+
+
+def engine_core_pids(stack, deployment: str) -> list[int]:
+    """The engine-core processes under this stack's replica of `deployment`."""
+    children = replica_process(stack, deployment).children(recursive=True)
     return [p.pid for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def serves(http, model: str) -> bool:
+    response = http.post(
+        "/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
+    return response.status_code == 200
 
 
 def test_engine_death_mid_stream_ends_the_stream_with_an_error_then_recovers(stack, http, client):
@@ -76,14 +96,17 @@ def test_engine_death_mid_stream_ends_the_stream_with_an_error_then_recovers(sta
         model="ServiceAi-Fast", messages=[{"role": "user", "content": "hi"}], max_tokens=3
     ).choices
 
-    def serves_again() -> bool:
-        response = http.post(
-            "/v1/chat/completions",
-            json={"model": "ServiceAi-Coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
-        )
-        return response.status_code == 200
+    wait_until(lambda: serves(http, "ServiceAi-Coder"), timeout_s=180, interval_s=2)
 
-    wait_until(serves_again, timeout_s=180, interval_s=2)
+
+def test_killed_replica_takes_its_engine_processes_with_it(stack, http):
+    replica = replica_process(stack, "ServiceAi-Pro")
+    engines = [p.pid for p in replica.children(recursive=True)]
+    assert engines, "the replica has no engine processes"
+    replica.kill()
+    # Orphaned engines would hold their memory (a whole GPU in production) until the node dies.
+    wait_until(lambda: all(gone(pid) for pid in engines), timeout_s=10)
+    wait_until(lambda: serves(http, "ServiceAi-Pro"), timeout_s=180, interval_s=2)
 
 
 @pytest.fixture
