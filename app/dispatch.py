@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import (
     BackPressureError,
@@ -28,7 +25,6 @@ logger = logging.getLogger("serviceai")
 
 RETRY_AFTER_UNAVAILABLE_S = 5
 RETRY_AFTER_OVERLOADED_S = 1
-RECHECK_S = 0.5
 
 
 class ModelEndpoint:
@@ -110,8 +106,28 @@ def unavailable(name: str) -> ApiError:
     )
 
 
+def running_replicas(handle: DeploymentHandle) -> int | None:
+    """How many running replicas this handle's router knows of; None while it does not know yet.
+
+    The router learns the replica set from the controller by long-poll, so this is current
+    and free. Ray has no public accessor for it (serve.status() re-serialises the whole
+    application, ~0.2 s of CPU per call), hence the private path, pinned by our exact Ray
+    version and exercised by tests/e2e/test_stream_lifecycle.py.
+    """
+    router = getattr(getattr(handle, "_router", None), "_asyncio_router", None)
+    if router is None:
+        return None
+    if not router._deployment_available:
+        return 0
+    request_router = router._request_router
+    if request_router is not None:
+        return len(request_router._replica_id_set)
+    known = router._running_replicas
+    return None if known is None else len(known)
+
+
 class ModelRouter:
-    """Resolves the `model` of a request to its endpoint; knows which types are healthy."""
+    """Resolves the `model` of a request to its endpoint; refuses types with no running replica."""
 
     def __init__(
         self,
@@ -122,9 +138,6 @@ class ModelRouter:
         self.created = created
         self._endpoints = {name: ModelEndpoint(name, h) for name, h in handles.items()}
         self._scale_to_zero = scale_to_zero
-        self._unhealthy: frozenset[str] = frozenset()
-        self._refreshed_at = 0.0
-        self._refresh: asyncio.Task[None] | None = None
 
     @property
     def names(self) -> Sequence[str]:
@@ -143,58 +156,13 @@ class ModelRouter:
             )
         return endpoint
 
-    async def resolve(self, model: str) -> ModelEndpoint:
-        """The endpoint to dispatch to: 404 for an unknown model, 503 when none is healthy.
+    def resolve(self, model: str) -> ModelEndpoint:
+        """The endpoint to dispatch to: 404 for an unknown model, 503 when it has no replica.
 
-        Before refusing, a view older than RECHECK_S is refreshed, so a type that has just
-        (re)started is served at once rather than after the next poll.
+        A type that scales to zero is the exception: there a request is what starts a
+        replica, so it waits for the cold start instead.
         """
         endpoint = self.get(model)
-        if model in self._unhealthy:
-            if time.monotonic() - self._refreshed_at > RECHECK_S:
-                await self.refresh_health()
-            if model in self._unhealthy:
-                raise unavailable(model)
+        if model not in self._scale_to_zero and running_replicas(endpoint.handle) == 0:
+            raise unavailable(model)
         return endpoint
-
-    def unhealthy(self) -> frozenset[str]:
-        return self._unhealthy
-
-    async def refresh_health(self) -> None:
-        """Read Serve's status once: a type with no running replica gets 503s at once.
-
-        Types that scale to zero are the exception while they are not failing: there a
-        request is what starts the replica, so it waits for the cold start instead.
-        Concurrent callers share one read.
-        """
-        if self._refresh is None or self._refresh.done():
-            self._refresh = asyncio.ensure_future(self._read_status())
-        await asyncio.shield(self._refresh)
-
-    async def _read_status(self) -> None:
-        try:
-            status = await asyncio.to_thread(serve.status)
-        except Exception as exc:  # the controller may be restarting; keep the last view
-            logger.warning("Could not read Serve status: %r", exc)
-            return
-        self._refreshed_at = time.monotonic()
-        self._unhealthy = frozenset(
-            name
-            for name, endpoint in self._endpoints.items()
-            if _has_no_healthy_replica(status, endpoint.handle, name in self._scale_to_zero)
-        )
-
-    async def watch_health(self, period_s: float = 2.0) -> None:
-        while True:
-            await asyncio.sleep(period_s)
-            await self.refresh_health()
-
-
-def _has_no_healthy_replica(status: Any, handle: DeploymentHandle, scales_to_zero: bool) -> bool:
-    app = status.applications.get(handle.app_name)
-    deployment = app and app.deployments.get(handle.deployment_name)
-    if deployment is None:
-        return False
-    if deployment.replica_states.get("RUNNING", 0) > 0:
-        return False
-    return not scales_to_zero or deployment.status in ("UNHEALTHY", "DEPLOY_FAILED")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from fastapi import FastAPI
@@ -31,10 +30,8 @@ class Ingress:
         self._router = ModelRouter(
             models, created=int(time.time()), scale_to_zero=config.scale_to_zero_types()
         )
-        await self._router.refresh_health()
         dev_key = settings.dev_api_key.get_secret_value() if settings.dev_api_key else None
         self._keys = DevKeyVerifier(dev_key)
-        self._health = asyncio.get_running_loop().create_task(self._router.watch_health())
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_api(self._router, self._keys)

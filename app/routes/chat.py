@@ -51,7 +51,7 @@ async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, caller: Caller = Depends(authenticate)
 ):
     models: ModelRouter = request.app.state.models
-    endpoint = await models.resolve(body.model)
+    endpoint = models.resolve(body.model)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = body.to_generation(completion_id)
     created = int(time.time())

@@ -4,7 +4,7 @@ import pytest
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
-from app.dispatch import ModelEndpoint, ModelRouter, _has_no_healthy_replica
+from app.dispatch import ModelEndpoint, ModelRouter, running_replicas
 from app.errors import ApiError
 from deployments.generation import ContextLengthExceeded, EngineUnavailable
 
@@ -49,41 +49,22 @@ def test_anything_else_is_500_without_details():
     assert error.status == 500 and "/x/y" not in error.message
 
 
-async def test_router_404_lists_models_and_503_when_unhealthy(monkeypatch):
-    router = ModelRouter({n: FakeHandle(n) for n in ("A", "B")}, created=1)
+def test_router_404_lists_models_and_503_without_replicas(monkeypatch):
+    counts = {"A": 1, "B": 0, "Z": 0}
+    monkeypatch.setattr("app.dispatch.running_replicas", lambda h: counts[h.deployment_name])
+    router = ModelRouter({n: FakeHandle(n) for n in ("A", "B", "Z")}, created=1, scale_to_zero=frozenset({"Z"}))
     with pytest.raises(ApiError) as info:
-        await router.resolve("C")
-    assert info.value.status == 404 and info.value.message.endswith("Available models: A, B.")
-    statuses = iter([status_with("UPDATING", 0, name="B"), status_with("HEALTHY", 1, name="B")])
-    monkeypatch.setattr("app.dispatch.serve.status", lambda: next(statuses))
-    await router.refresh_health()
-    assert (await router.resolve("A")).name == "A"
+        router.resolve("C")
+    assert info.value.status == 404 and info.value.message.endswith("Available models: A, B, Z.")
+    assert router.resolve("A").name == "A"
     assert router.get("B").name == "B"
     with pytest.raises(ApiError) as info:
-        await router.resolve("B")  # the view is fresh: refused without asking again
-    assert info.value.status == 503
-    router._refreshed_at -= 1
-    assert (await router.resolve("B")).name == "B"  # a stale refusal is re-checked first
+        router.resolve("B")
+    assert info.value.status == 503 and info.value.headers["Retry-After"] == "5"
+    assert router.resolve("Z").name == "Z"  # scales to zero: the request waits for a cold start
+    counts["B"] = None  # the router has not heard from the controller yet: do not refuse
+    assert router.resolve("B").name == "B"
 
 
-def status_with(status: str, running: int, name: str = "A"):
-    deployment = SimpleNamespace(status=status, replica_states={"RUNNING": running} if running else {"STARTING": 1})
-    return SimpleNamespace(applications={"serviceai": SimpleNamespace(deployments={name: deployment})})
-
-
-@pytest.mark.parametrize(
-    ("status", "running", "scales_to_zero", "unhealthy"),
-    [
-        ("HEALTHY", 1, False, False),
-        ("UNHEALTHY", 1, False, False),
-        ("UNHEALTHY", 0, False, True),
-        ("DEPLOY_FAILED", 0, False, True),
-        ("UPDATING", 0, False, True),  # starting, or failing to start: do not queue forever
-        ("UPSCALING", 0, True, False),  # a cold start from zero: requests wait for it
-        ("HEALTHY", 0, True, False),
-        ("DEPLOY_FAILED", 0, True, True),
-    ],
-)
-def test_no_healthy_replica(status, running, scales_to_zero, unhealthy):
-    handle = FakeHandle("A")
-    assert _has_no_healthy_replica(status_with(status, running), handle, scales_to_zero) is unhealthy
+def test_running_replicas_of_an_unused_handle_is_unknown():
+    assert running_replicas(FakeHandle("A")) is None
