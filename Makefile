@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lock clean
+.PHONY: install run test bench bench-gateway lock clean
 
 install: $(STAMP)
 
@@ -22,6 +22,14 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest
+
+# Bare vLLM vs this service with vLLM's own load generator; updates README's table (~10 min).
+bench: install
+	$(BIN)/python -m bench.run serving
+
+# One-token replies at concurrency 1 and 64, with a CPU profile of each Serve process.
+bench-gateway: install
+	$(BIN)/python -m bench.run gateway
 
 # Re-pin the whole tree after changing pyproject.toml.
 lock: install

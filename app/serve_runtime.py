@@ -1,0 +1,53 @@
+"""How Ray Serve itself runs this service: the environment of the Ray cluster.
+
+These variables are read by Ray's own processes (controller, replicas, HAProxy manager) when
+they start, so they belong to whatever starts Ray: `serviceai run`, the test session, the
+benchmark, and `ray start` in cluster.yaml. Measured effect: bench/NOTES.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SERVE_ENV: dict[str, str] = {
+    # User code and the handle router on the replica's own event loop (no cross-thread hop
+    # per streamed chunk), gRPC between deployments, GC frozen after start-up.
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    # HAProxy forwards HTTP straight to the ingress replicas' own servers: no Python proxy
+    # actor re-streaming every chunk through a Ray generator.
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    # Ray starts workers at nice 15; on a serving node the engines are the work.
+    "RAY_worker_niceness": "0",
+}
+
+
+MAX_STATE_DIR_CHARS = 28
+
+
+def cluster_env(
+    state_dir: Path, stats_port: int | None = None, metrics_port: int | None = None
+) -> dict[str, str]:
+    """SERVE_ENV for one Ray cluster whose HAProxy keeps its files in `state_dir`.
+
+    HAProxy's files default to /tmp/haproxy-serve and its stats and metrics ports to 8404
+    and 9101: two clusters on one machine (a test session beside `make run`) need their own.
+    Ray puts a 56-character folder under `state_dir` and HAProxy caps its socket path at 97
+    characters, so `state_dir` must be short.
+    """
+    if len(str(state_dir)) > MAX_STATE_DIR_CHARS:
+        raise ValueError(
+            f"HAProxy state dir {state_dir} is longer than {MAX_STATE_DIR_CHARS} characters; "
+            "HAProxy's socket path under it would exceed 97"
+        )
+    env = dict(SERVE_ENV)
+    env |= {
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(state_dir / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(state_dir / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(state_dir),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(state_dir / "server-state"),
+    }
+    if stats_port is not None:
+        env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(stats_port)
+    if metrics_port is not None:
+        env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(metrics_port)
+    return env

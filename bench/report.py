@@ -1,0 +1,136 @@
+"""Tables, the chart and the README section of a benchmark run."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+README_START = "<!-- bench:serving:start -->"
+README_END = "<!-- bench:serving:end -->"
+
+# The overhead budget of issue 5, checked on every serving run.
+BUDGET = (
+    ("output tok/s at c=32 >= 0.9x bare", lambda r: r["ours-c32"]["output_throughput"]
+     >= 0.9 * r["bare-c32"]["output_throughput"]),
+    ("TTFT p50 at c=1 <= bare + 10 ms", lambda r: r["ours-c1"]["median_ttft_ms"]
+     <= r["bare-c1"]["median_ttft_ms"] + 10),
+    ("TTFT p50 at c=32 <= 1.5x bare", lambda r: r["ours-c32"]["median_ttft_ms"]
+     <= 1.5 * r["bare-c32"]["median_ttft_ms"]),
+    ("ITL p50 <= bare + 2 ms (c=1, 8, 32)", lambda r: all(
+        r[f"ours-c{c}"]["median_itl_ms"] <= r[f"bare-c{c}"]["median_itl_ms"] + 2 for c in (1, 8, 32))),
+)
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {memory_gib:.0f} GiB, no GPU, Python {platform.python_version()}"
+
+
+def _concurrencies(summary: dict[str, Any]) -> list[int]:
+    return list(summary["spec"]["concurrency"])
+
+
+def serving_table(summary: dict[str, Any]) -> str:
+    r = summary["results"]
+    lines = [
+        f"Serving benchmark, {summary['date']}: {summary['machine']}",
+        f"`vllm bench serve`, openai-chat, random {summary['spec']['input_len']} in / "
+        f"{summary['spec']['output_len']} out tokens, --ignore-eos, median of {summary['rounds']} "
+        "alternating rounds. Times in ms.",
+        "",
+        "| c | tok/s bare | tok/s ours | ratio | TTFT p50 bare / ours (diff) | TTFT p99 bare / ours "
+        "| ITL p50 bare / ours (diff) | ITL p99 bare / ours |",
+        "|---:|---:|---:|---:|---|---|---|---|",
+    ]
+    for c in _concurrencies(summary):
+        b, o = r[f"bare-c{c}"], r[f"ours-c{c}"]
+        lines.append(
+            f"| {c} | {b['output_throughput']:.0f} | {o['output_throughput']:.0f} | "
+            f"{o['output_throughput'] / b['output_throughput']:.2f} | "
+            f"{b['median_ttft_ms']:.1f} / {o['median_ttft_ms']:.1f} "
+            f"({o['median_ttft_ms'] - b['median_ttft_ms']:+.1f}) | "
+            f"{b['p99_ttft_ms']:.1f} / {o['p99_ttft_ms']:.1f} | "
+            f"{b['median_itl_ms']:.2f} / {o['median_itl_ms']:.2f} "
+            f"({o['median_itl_ms'] - b['median_itl_ms']:+.2f}) | "
+            f"{b['p99_itl_ms']:.1f} / {o['p99_itl_ms']:.1f} |"
+        )
+    lines.append("")
+    lines += [f"- {'PASS' if check(r) else 'FAIL'}: {name}" for name, check in BUDGET]
+    return "\n".join(lines) + "\n"
+
+
+def gateway_table(summary: dict[str, Any]) -> str:
+    r = summary["results"]
+    lines = [
+        f"Gateway benchmark, {summary['date']}: {summary['machine']}",
+        f"One-token replies ({summary['spec']['input_len']} in / 1 out), streamed; the full path "
+        "(auth, limits, routing, SSE) against bare vLLM's own server.",
+        "",
+        "| c | req/s bare | req/s ours | latency p50 bare / ours (ms) | latency p99 bare / ours (ms) |",
+        "|---:|---:|---:|---|---|",
+    ]
+    for c in _concurrencies(summary):
+        b, o = r[f"bare-c{c}"], r[f"ours-c{c}"]
+        lines.append(
+            f"| {c} | {b['request_throughput']:.1f} | {o['request_throughput']:.1f} | "
+            f"{b['median_e2el_ms']:.1f} / {o['median_e2el_ms']:.1f} | "
+            f"{b['p99_e2el_ms']:.1f} / {o['p99_e2el_ms']:.1f} |"
+        )
+    profile = summary.get("profile") or {}
+    if profile:
+        wall = profile["wall_seconds"]
+        lines += ["", f"CPU during the profiled run ({wall} s wall), in cores:", ""]
+        lines += [f"- {role}: {sec / wall:.2f}" for role, sec in profile["cpu_seconds"].items()]
+        for role, stages in profile["stages"].items():
+            lines += ["", f"Busy samples of the {role} process by stage:", ""]
+            lines += [f"- {share:5.1f}% {stage}" for stage, share in stages.items()]
+            lines += ["", f"Top functions of the {role} process (own samples):", ""]
+            lines += [f"- {share:5.1f}% `{name}`" for name, share in profile["top_functions"][role]]
+    return "\n".join(lines) + "\n"
+
+
+def serving_chart(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    r = summary["results"]
+    cs = _concurrencies(summary)
+    fig, (ttft, tput) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (("bare", "bare vLLM"), ("ours", "ServiceAi")):
+        ttft.plot(cs, [r[f"{key}-c{c}"]["median_ttft_ms"] for c in cs], marker="o", label=label)
+        tput.plot(cs, [r[f"{key}-c{c}"]["output_throughput"] for c in cs], marker="o", label=label)
+    ttft.set(title="TTFT p50 (ms)", xlabel="concurrency", xscale="log", xticks=cs, xticklabels=cs)
+    tput.set(title="Output tokens/s", xlabel="concurrency", xscale="log", xticks=cs, xticklabels=cs)
+    for ax in (ttft, tput):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"ServiceAi vs bare vLLM, tiny model, {summary['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def update_readme(readme: Path, summary: dict[str, Any], table: str) -> None:
+    """Replace the benchmark section of the README with this run's table and chart."""
+    text = readme.read_text()
+    section = f"{README_START}\n{table}\n![TTFT and throughput](bench/results/latest-serving.png)\n{README_END}"
+    pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text)
+    else:
+        text = text.rstrip() + "\n\n## Performance\n\n" + section + "\n"
+    readme.write_text(text)

@@ -1,0 +1,137 @@
+"""`make bench`: vLLM's own load generator against a bare vLLM server and this service, side by side.
+
+    python -m bench.run serving   # 64 in / 64 out tokens at concurrency 1, 8, 32 (the budget)
+    python -m bench.run gateway   # one-token replies at concurrency 1 and 64, with CPU profiles
+
+Both servers run the same generated tiny model with the same engine arguments (those of
+ServiceAi-Fast in serve_config.yaml). Runs alternate between the two so that machine drift
+hits both. Results go to bench/results/; the serving table is also written into README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fcntl
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from bench import cpu_profile, report
+from bench.servers import PROJECT_ROOT, Server, free_port, bare_vllm, replica_pids, serviceai
+from deployments.config import tiny_model_dir
+from deployments.tiny_model import ensure
+
+RESULTS = PROJECT_ROOT / "bench" / "results"
+STACK_LOCK = Path(tempfile.gettempdir()) / "serviceai-stack.lock"
+
+# Extra environment for the service's Ray cluster, on top of app.serve_runtime (experiments).
+SERVE_ENV: dict[str, str] = {}
+
+SERVING = {"input_len": 64, "output_len": 64, "concurrency": {1: 40, 8: 160, 32: 320}}
+GATEWAY = {"input_len": 16, "output_len": 1, "concurrency": {1: 200, 64: 1600}}
+METRICS = (
+    "output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms",
+    "median_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms",
+)
+
+
+def vllm_bench(server: Server, model_dir: Path, concurrency: int, prompts: int,
+               input_len: int, output_len: int, out: Path) -> dict[str, Any]:
+    """One `vllm bench serve` run; returns its JSON result."""
+    command = [
+        sys.executable, "-m", "bench.vllm_cli", "bench", "serve",
+        "--backend", "openai-chat", "--base-url", server.base_url,
+        "--endpoint", "/v1/chat/completions", "--model", server.model,
+        "--tokenizer", str(model_dir), "--dataset-name", "random",
+        "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+        "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(prompts),
+        "--num-warmups", str(min(concurrency, 8)), "--seed", "0", "--disable-tqdm",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
+    ]
+    env = {**os.environ, "OPENAI_API_KEY": server.api_key}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=PROJECT_ROOT)
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"vllm bench serve failed against {server.name}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    if result.get("failed"):
+        raise RuntimeError(f"{result['failed']} requests failed against {server.name}; see {out}")
+    return result
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """The median over rounds of each metric."""
+    return {m: statistics.median(r[m] for r in runs) for m in METRICS}
+
+
+def run_mode(mode: str, rounds: int) -> dict[str, Any]:
+    spec = SERVING if mode == "serving" else GATEWAY
+    model_dir = ensure(tiny_model_dir())
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    raw = RESULTS / "raw" / f"{stamp}-{mode}"
+    raw.mkdir(parents=True, exist_ok=True)
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    profiles: dict[str, Any] = {}
+    with ExitStack() as stack:
+        bare = stack.enter_context(bare_vllm(model_dir, free_port(), raw))
+        ours = stack.enter_context(serviceai(free_port(), raw, SERVE_ENV))
+        print(f"both servers ready; logs in {raw}", flush=True)
+        for concurrency, prompts in spec["concurrency"].items():
+            for round_ in range(rounds):
+                order = (bare, ours) if round_ % 2 == 0 else (ours, bare)
+                for server in order:
+                    key = "bare" if server is bare else "ours"
+                    out = raw / f"{key}-c{concurrency}-r{round_}.json"
+                    profiling = mode == "gateway" and key == "ours" and round_ == 0 and concurrency > 1
+                    with cpu_profile.cpu_profile(replica_pids(ours) if profiling else {}, raw) as prof:
+                        result = vllm_bench(server, model_dir, concurrency, prompts,
+                                            spec["input_len"], spec["output_len"], out)
+                    if profiling:
+                        profiles = prof.summary()
+                    runs.setdefault((key, concurrency), []).append(result)
+                    print(f"  c={concurrency:<3} round {round_} {key:4}: "
+                          f"{result['output_throughput']:8.1f} tok/s  "
+                          f"{result['request_throughput']:7.2f} req/s  "
+                          f"TTFT p50 {result['median_ttft_ms']:7.1f} ms", flush=True)
+    summary = {
+        "mode": mode, "date": stamp, "machine": report.machine(), "spec": spec, "rounds": rounds,
+        "serve_env": SERVE_ENV,
+        "results": {f"{k}-c{c}": summarize(v) for (k, c), v in runs.items()},
+        "profile": profiles,
+    }
+    (RESULTS / f"{stamp}-{mode}.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("serving", "gateway"), nargs="?", default="serving")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--serve-env", action="append", default=[], metavar="VAR=VALUE",
+                        help="extra environment of the service's Ray cluster (experiments)")
+    args = parser.parse_args()
+    SERVE_ENV.update(item.split("=", 1) for item in args.serve_env)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(STACK_LOCK, "w") as lock:
+        print(f"waiting for {STACK_LOCK} (held while a test session or benchmark runs) ...", flush=True)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        summary = run_mode(args.mode, args.rounds)
+    if args.mode == "serving":
+        table = report.serving_table(summary)
+        report.serving_chart(summary, RESULTS / "latest-serving.png")
+        report.update_readme(PROJECT_ROOT / "README.md", summary, table)
+    else:
+        table = report.gateway_table(summary)
+    (RESULTS / f"latest-{args.mode}.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

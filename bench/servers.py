@@ -1,0 +1,188 @@
+"""Start and stop the two servers the benchmark compares, on the same model and engine settings."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from app.serve_runtime import cluster_env
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
+BENCH_TYPE = "ServiceAi-Fast"
+BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    base_url: str  # without /v1
+    api_key: str
+    model: str
+    ray_dir: Path | None = None  # the Ray temp dir of this server's cluster, if it runs on Ray
+
+
+def bench_model_type() -> dict[str, Any]:
+    """The local profile's settings of the benchmarked type: both servers use its engine args."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    [app] = config["applications"]
+    return next(m for m in app["args"]["model_types"] if m["name"] == BENCH_TYPE)
+
+
+def engine_cli_args(engine_args: dict[str, Any]) -> list[str]:
+    """AsyncEngineArgs as `vllm serve` flags: {"max_model_len": 2048} -> ["--max-model-len", "2048"]."""
+    args: list[str] = []
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not False:
+            args += [flag, str(value)]
+    return args
+
+
+def _wait_for_chat(server: Server, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    """Ready means a one-token completion succeeds (listing models answers before the engine is up)."""
+    body = (
+        b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}'
+        % server.model.encode()
+    )
+    request = urllib.request.Request(
+        f"{server.base_url}/v1/chat/completions",
+        data=body,
+        headers={"Authorization": f"Bearer {server.api_key}", "Content-Type": "application/json"},
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{server.name} exited during start-up; see {log}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(2)
+    raise TimeoutError(f"{server.name} was not ready within {timeout_s:.0f} s; see {log}")
+
+
+def _stop(process: subprocess.Popen, owned: list[psutil.Process], grace_s: float = 30) -> None:
+    """SIGTERM the server, then SIGKILL whatever it started that is still alive."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    for proc in owned:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@contextmanager
+def bare_vllm(model_dir: Path, port: int, log_dir: Path) -> Iterator[Server]:
+    """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`)."""
+    model_type = bench_model_type()
+    log = log_dir / "bare-vllm.log"
+    server = Server("bare vLLM", f"http://127.0.0.1:{port}", "unused", BENCH_TYPE)
+    command = [
+        str(BIN / "python"), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", BENCH_TYPE,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--disable-uvicorn-access-log",
+        *engine_cli_args(model_type.get("engine_args", {})),
+    ]
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
+    try:
+        _wait_for_chat(server, process, log, timeout_s=300)
+        yield server
+    finally:
+        _stop(process, _descendants(process.pid))
+
+
+@contextmanager
+def serviceai(port: int, log_dir: Path, extra_env: dict[str, str]) -> Iterator[Server]:
+    """This service as `make run` starts it (`serve run`), with only the benchmarked model type."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    config["http_options"]["port"] = port
+    [app] = config["applications"]
+    app["args"]["model_types"] = [bench_model_type()]
+    ray_tmp = Path(tempfile.mkdtemp(prefix="saib-", dir="/tmp"))
+    config_path = ray_tmp / "serve_config.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    log = log_dir / "serviceai.log"
+    runtime = cluster_env(ray_tmp / "h", stats_port=free_port(), metrics_port=free_port())
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **runtime, **extra_env}
+    api_key = _provision_key(env)
+    server = Server("ServiceAi", f"http://127.0.0.1:{port}", api_key, BENCH_TYPE, ray_tmp)
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [str(BIN / "serve"), "run", str(config_path)],
+            stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, env=env,
+        )
+    try:
+        _wait_for_chat(server, process, log, timeout_s=600)
+        yield server
+    finally:
+        _stop(process, [p for p in psutil.process_iter() if _uses(p, ray_tmp)])
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _provision_key(env: dict[str, str]) -> str:
+    """A key the started service accepts; `env` is the service's environment."""
+    env["SERVICEAI_DEV_API_KEY"] = "sai-bench-" + os.urandom(16).hex()
+    return env["SERVICEAI_DEV_API_KEY"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _uses(process: psutil.Process, path: Path) -> bool:
+    try:
+        return str(path) in " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def replica_pids(server: Server) -> dict[str, int]:
+    """Pids of a ServiceAi server's Ray processes by role (ingress, model, proxy), for profiling."""
+    roles = {
+        "ingress": "ray::ServeReplica:serviceai:Ingress",
+        "model": f"ray::ServeReplica:serviceai:{BENCH_TYPE}",
+        "proxy": "ray::ProxyActor",
+    }
+    found: dict[str, int] = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        for role, title in roles.items():
+            if cmdline.startswith(title) and server.ray_dir and _uses(proc.parent(), server.ray_dir):
+                found[role] = proc.pid
+    return found
