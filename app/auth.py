@@ -169,7 +169,10 @@ class KeyVerifier:
     async def _flush_periodically(self) -> None:
         while True:
             await asyncio.sleep(self._flush_every_s)
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception as exc:  # a bug here must not stop the next rounds
+                logger.error("Writing last-used times failed: %s", type(exc).__name__)
 
     async def flush(self) -> None:
         used, self._used = self._used, {}

@@ -188,8 +188,10 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(app_args()), name=APP_NAME, route_prefix="/")
+        origin = f"http://127.0.0.1:{port}"
+        _wait_until_every_type_answers(origin, api_key)
         yield Stack(
-            origin=f"http://127.0.0.1:{port}",
+            origin=origin,
             api_key=api_key,
             ray_dir=ray_dir,
             database_url=database_url,
@@ -204,6 +206,27 @@ def stack(stack_lock: None) -> Iterator[Stack]:
             os.environ.pop(name, None)
         shutil.rmtree(ray_dir, ignore_errors=True)
         shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def _wait_until_every_type_answers(origin: str, api_key: str, timeout_s: float = 60) -> None:
+    """The ingress learns that the engines are up from Serve's status, polled every 2 s."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    for model in [m["name"] for m in app_args()["model_types"]]:
+        while True:
+            response = httpx.post(
+                f"{origin}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {api_key}"},
+                json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                timeout=30,
+            )
+            if response.status_code == 200:
+                break
+            assert response.status_code == 503 and time.monotonic() < deadline, response.text
+            time.sleep(0.5)
 
 
 async def _first_key(database_url: str) -> str:
