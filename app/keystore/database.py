@@ -14,7 +14,13 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 from app.keystore import migrate
 from app.keystore.errors import StoreUnavailable
@@ -50,11 +56,14 @@ class Database:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """A session in a transaction, committed at the end; an unreachable database is a 503."""
-        try:
-            async with self._sessions.begin() as session:
-                yield session
-        except _UNAVAILABLE as exc:
-            raise unavailable(exc) from None
+        async with _reachable(), self._sessions.begin() as session:
+            yield session
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection]:
+        """A bare connection for one read on the hot path: no ORM session, half the time."""
+        async with _reachable(), self.engine.connect() as connection:
+            yield connection
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -62,7 +71,6 @@ class Database:
 
 def create_engine(url: str) -> AsyncEngine:
     kwargs: dict[str, Any] = {
-        "pool_pre_ping": True,  # a restarted database costs one retry, not a 503 per stale connection
         "hide_parameters": True,  # error messages and logs never show values (key hashes)
     }
     if url.startswith("sqlite"):
@@ -71,6 +79,8 @@ def create_engine(url: str) -> AsyncEngine:
     else:
         kwargs["connect_args"] = {"timeout": CONNECT_TIMEOUT_S, "command_timeout": CONNECT_TIMEOUT_S}
         kwargs["pool_timeout"] = CONNECT_TIMEOUT_S
+        # A restarted server costs a ping per checkout, not a 503 per stale pooled connection.
+        kwargs["pool_pre_ping"] = True
     engine = create_async_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
@@ -91,6 +101,14 @@ def _ensure_sqlite_folder(url: str) -> None:
     path = url.partition(":///")[2].partition("?")[0]
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
+@asynccontextmanager
+async def _reachable() -> AsyncIterator[None]:
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise unavailable(exc) from None
 
 
 def unavailable(exc: BaseException) -> StoreUnavailable:

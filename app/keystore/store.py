@@ -137,8 +137,8 @@ class KeyStore:
             .join(UserRow, UserRow.id == ApiKeyRow.user_id)
             .where(ApiKeyRow.key_hash == key_hash)
         )
-        async with self.database.transaction() as session:
-            found = (await session.execute(query)).first()
+        async with self.database.connection() as connection:
+            found = (await connection.execute(query)).first()
         if found is None:
             return None
         key_id, stored_hash, revoked_at, user_id, plan, disabled_at = found
