@@ -13,8 +13,9 @@ from pathlib import Path
 
 import typer
 
-from app.cli_accounts import keys, settings_or_exit, users, with_store
+from app.cli_accounts import keys, users, with_store
 from app.keystore import KeyStore
+from app.keystore.errors import UserNotFound
 from app.settings import PROJECT_ROOT
 
 cli = typer.Typer(help="ServiceAi: OpenAI-compatible chat completions on Ray Serve and vLLM.")
@@ -41,11 +42,10 @@ def run(
     On the first start (an empty key store) it creates the user local@localhost and a key,
     and prints that key once.
     """
-    settings_or_exit()
-    first_key = with_store(_first_start_key)
+    first_key, owner = with_store(_first_start_key)
     serve_bin = Path(sys.executable).with_name("serve")
     typer.echo(f"Starting ServiceAi from {config} (first start takes a minute or two) ...")
-    process = subprocess.Popen([str(serve_bin), "run", str(config)], env=dict(os.environ))
+    process = subprocess.Popen([str(serve_bin), "run", str(config)])
 
     def stop(signum: int, frame: object) -> None:
         process.send_signal(signal.SIGINT)
@@ -54,19 +54,24 @@ def run(
     base_url = f"http://{host}:{port}/v1"
     try:
         if _wait_ready(f"http://{host}:{port}", process, ready_timeout_s):
-            _banner(base_url, first_key)
+            _banner(base_url, first_key, owner)
         sys.exit(process.wait())
     except KeyboardInterrupt:
         process.send_signal(signal.SIGINT)
         sys.exit(process.wait())
 
 
-async def _first_start_key(store: KeyStore) -> str | None:
-    """A key for a newcomer: only when the store has no user yet."""
-    if (await store.list_users(limit=1)).data:
-        return None
-    user = await store.create_user(LOCAL_USER)
-    return (await store.create_key(user.id, "local")).key
+async def _first_start_key(store: KeyStore) -> tuple[str | None, str]:
+    """A new key for local@localhost when the store has no user yet; and whom to name in the
+    banner's `keys create --user ...` otherwise."""
+    if not (await store.list_users(limit=1)).data:
+        user = await store.create_user(LOCAL_USER)
+        return (await store.create_key(user.id, "local")).key, LOCAL_USER
+    try:
+        await store.get_user(LOCAL_USER)
+    except UserNotFound:
+        return None, "<your email>"
+    return None, LOCAL_USER
 
 
 def _wait_ready(origin: str, process: subprocess.Popen, timeout_s: float) -> bool:
@@ -95,15 +100,15 @@ def _serviceai_command() -> str:
         return shlex.quote(str(script))
 
 
-def _banner(base_url: str, key: str | None) -> None:
+def _banner(base_url: str, key: str | None, owner: str) -> None:
     if key is None:
         key_line = (
             "API key  : create one with\n"
-            f"             {_serviceai_command()} keys create --user {LOCAL_USER}"
+            f"             {_serviceai_command()} keys create --user {owner}"
         )
         shown = "<your key>"
     else:
-        key_line = f"API key  : {key}\n             (for {LOCAL_USER}; shown once: copy it now)"
+        key_line = f"API key  : {key}\n             (for {owner}; shown once: copy it now)"
         shown = key
     typer.echo(
         f"""

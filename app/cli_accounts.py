@@ -46,6 +46,7 @@ keys = typer.Typer(
 
 JsonOption = typer.Option(False, "--json", help="Print JSON (as the admin API returns it).")
 T = TypeVar("T")
+Model = TypeVar("Model", bound=BaseModel)
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -58,7 +59,8 @@ def settings_or_exit() -> Settings:
         return get_settings()
     except ValidationError as exc:
         problems = "; ".join(
-            f"SERVICEAI_{'_'.join(map(str, e['loc'])).upper()} {e['msg'].removeprefix('Value error, ')}"
+            f"SERVICEAI_{'_'.join(map(str, e['loc'])).upper()} "
+            f"{e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors()
         )
         fail(f"invalid configuration: {problems}", EXIT_USAGE)
@@ -81,7 +83,7 @@ def with_store(operation: Callable[[KeyStore], Awaitable[T]]) -> T:
         fail(exc.message, EXIT_UNAVAILABLE if exc.status >= 500 else EXIT_REFUSED)
 
 
-def validated(model: type[BaseModel], **fields: object) -> BaseModel:
+def validated(model: type[Model], **fields: object) -> Model:
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
@@ -97,7 +99,7 @@ def when(unix_time: int | None) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     for line in (headers, *rows):
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
 
@@ -128,7 +130,9 @@ def print_issued(key: IssuedApiKey) -> None:
 def create_user(
     email: str = typer.Option(..., help="The user's email (unique)."),
     plan: str = typer.Option(DEFAULT_PLAN, help="The rate-limit plan."),
-    with_key: bool = typer.Option(False, "--with-key", help="Also create a first key and print it once."),
+    with_key: bool = typer.Option(
+        False, "--with-key", help="Also create a first key and print it once."
+    ),
     key_name: str = typer.Option("default", help="Name of the first key (with --with-key)."),
     as_json: bool = JsonOption,
 ) -> None:
@@ -171,7 +175,9 @@ def list_users(
 
 def _update(user: str, as_json: bool, **change: object) -> None:
     body = validated(UserUpdate, **change)
-    updated = with_store(lambda store: store.update_user(user, plan=body.plan, disabled=body.disabled))
+    updated = with_store(
+        lambda store: store.update_user(user, plan=body.plan, disabled=body.disabled)
+    )
     print_json(updated) if as_json else print_user(updated)
 
 

@@ -27,7 +27,10 @@ _DRIVERS = {
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SERVICEAI_", extra="ignore")
+    # A refused value may be a secret (a database URL carries its password): never echo it.
+    model_config = SettingsConfigDict(
+        env_prefix="SERVICEAI_", extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: SecretStr = Field(
         SecretStr(DEFAULT_DATABASE_URL),

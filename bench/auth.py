@@ -64,7 +64,9 @@ async def main(database_url: str, keys: int, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--database-url", help="a store to use (default: a temporary SQLite file)")
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=50_000)

@@ -77,7 +77,10 @@ def create_engine(url: str) -> AsyncEngine:
         _ensure_sqlite_folder(url)
         kwargs["connect_args"] = {"timeout": CONNECT_TIMEOUT_S}
     else:
-        kwargs["connect_args"] = {"timeout": CONNECT_TIMEOUT_S, "command_timeout": CONNECT_TIMEOUT_S}
+        kwargs["connect_args"] = {
+            "timeout": CONNECT_TIMEOUT_S,
+            "command_timeout": CONNECT_TIMEOUT_S,
+        }
         kwargs["pool_timeout"] = CONNECT_TIMEOUT_S
         # A restarted server costs a ping per checkout, not a 503 per stale pooled connection.
         kwargs["pool_pre_ping"] = True

@@ -54,7 +54,9 @@ class KeyStore:
             async with self.database.transaction() as session:
                 session.add(row)
         except IntegrityError:
-            raise UserExists(f"A user with email '{email}' already exists.", param="email") from None
+            raise UserExists(
+                f"A user with email '{email}' already exists.", param="email"
+            ) from None
         return _user(row)
 
     async def get_user(self, user: str) -> User:
@@ -88,7 +90,9 @@ class KeyStore:
             if owner.disabled_at is not None:
                 raise UserDisabled(f"User {owner.id} is disabled: enable it before adding keys.")
             active = await session.scalar(
-                select(func.count()).where(ApiKeyRow.user_id == owner.id, ApiKeyRow.revoked_at.is_(None))
+                select(func.count()).where(
+                    ApiKeyRow.user_id == owner.id, ApiKeyRow.revoked_at.is_(None)
+                )
             )
             if active >= self.max_keys_per_user:
                 raise KeyLimitReached(
@@ -159,7 +163,10 @@ class KeyStore:
             update(ApiKeyRow)
             .where(
                 ApiKeyRow.id == bindparam("key_id"),
-                or_(ApiKeyRow.last_used_at.is_(None), ApiKeyRow.last_used_at < bindparam("used_at")),
+                or_(
+                    ApiKeyRow.last_used_at.is_(None),
+                    ApiKeyRow.last_used_at < bindparam("used_at"),
+                ),
             )
             .values(last_used_at=bindparam("used_at"))
         )
@@ -179,14 +186,20 @@ async def _find_user(session: AsyncSession, user: str) -> UserRow:
 
 
 async def _page(
-    session: AsyncSession, query: Select, table: type[UserRow] | type[ApiKeyRow], limit: int,
+    session: AsyncSession,
+    query: Select,
+    table: type[UserRow] | type[ApiKeyRow],
+    limit: int,
     after: str | None,
 ) -> Select:
     """Oldest first, `limit` + 1 rows (to tell whether there are more), after the row `after`."""
     if after is not None:
-        cursor = (await session.execute(select(table.created_at, table.id).where(table.id == after))).first()
+        found = await session.execute(select(table.created_at, table.id).where(table.id == after))
+        cursor = found.first()
         if cursor is None:
-            raise KeyStoreError(f"'after' names no item of this list: '{after[:64]}'.", param="after")
+            raise KeyStoreError(
+                f"'after' names no item of this list: '{after[:64]}'.", param="after"
+            )
         query = query.where(tuple_(table.created_at, table.id) > tuple_(*cursor))
     return query.order_by(table.created_at, table.id).limit(limit + 1)
 

@@ -120,7 +120,15 @@ async def test_make_run_creates_a_local_key_on_the_first_start_only(store):
     from app.auth import KeyVerifier
     from app.cli import LOCAL_USER, _first_start_key
 
-    key = await _first_start_key(store)
+    key, owner = await _first_start_key(store)
     caller = await KeyVerifier(store).verify(key)
-    assert caller.user_id == (await store.get_user(LOCAL_USER)).id
-    assert await _first_start_key(store) is None
+    assert owner == LOCAL_USER and caller.user_id == (await store.get_user(LOCAL_USER)).id
+    assert await _first_start_key(store) == (None, LOCAL_USER)
+
+
+async def test_make_run_leaves_a_store_with_users_alone(store):
+    from app.cli import _first_start_key
+
+    await store.create_user("ops@example.com")
+    assert await _first_start_key(store) == (None, "<your email>")
+    assert [u.email for u in (await store.list_users()).data] == ["ops@example.com"]
