@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import SecretStr
 
-from fastapi import FastAPI
-
+from app.auth import KeyVerifier
 from app.dispatch import ModelRouter
-from app.errors import install_error_handlers
-from app.routes import chat, health
+from app.errors import ApiError, install_error_handlers
+from app.keystore.errors import KeyStoreError
+from app.routes import account, admin, chat, health
 from app.routes import models as model_routes
 
+STORE_RETRY_AFTER_S = 2
 
-def create_api(models: ModelRouter, keys: Any) -> FastAPI:
-    """Build the HTTP API around a model router and a key verifier."""
+
+def create_api(
+    models: ModelRouter, keys: KeyVerifier, admin_token: SecretStr | None = None
+) -> FastAPI:
+    """Build the HTTP API around a model router and a key verifier; /admin only with a token."""
     api = FastAPI(
         title="ServiceAi",
         summary="OpenAI-compatible chat completions over logical model types.",
@@ -21,8 +27,26 @@ def create_api(models: ModelRouter, keys: Any) -> FastAPI:
     )
     api.state.models = models
     api.state.keys = keys
+    api.state.store = keys.store
     install_error_handlers(api)
+    api.add_exception_handler(KeyStoreError, _store_error)
     api.include_router(health.router)
     api.include_router(model_routes.router)
     api.include_router(chat.router)
+    api.include_router(account.router)
+    if admin_token is not None:
+        api.state.admin_token = admin_token.get_secret_value().encode()
+        api.include_router(admin.router)
     return api
+
+
+def _store_error(request: Request, exc: KeyStoreError) -> JSONResponse:
+    unavailable = exc.status >= 500
+    return ApiError(
+        exc.status,
+        exc.message,
+        type="server_error" if unavailable else "invalid_request_error",
+        param=exc.param,
+        code=exc.code,
+        headers={"Retry-After": str(STORE_RETRY_AFTER_S)} if unavailable else None,
+    ).response()

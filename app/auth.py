@@ -1,13 +1,37 @@
-"""Bearer-key authentication, as a FastAPI dependency."""
+"""Bearer-key authentication: the FastAPI dependency and the per-replica verifier behind it.
+
+The verifier keeps what the store said about a key for a short time (`key_cache_ttl_s`), so the
+database is off the hot path: a cached check is a SHA-256 and a dict lookup. A revocation made
+anywhere reaches this replica when the entry expires. Last-used times are collected in memory
+and written in one statement every `last_used_flush_s`.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
-from fastapi import Request
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.errors import ApiError
+from app.keystore import KeyOwner, KeyStore, keygen
+from app.keystore.errors import KeyStoreError
+
+logger = logging.getLogger("serviceai")
+
+MISSING = "Missing Authorization header."
+WRONG_SCHEME = "The Authorization header must use the Bearer scheme."
+EMPTY = "The Authorization header carries no API key."
+MALFORMED = f"The API key is malformed: a ServiceAi key is {keygen.KEY_SHAPE}."
+UNKNOWN = "The API key is not recognised."
+REVOKED = "The API key has been revoked."
+USER_DISABLED = "The account that owns this API key is disabled."
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,16 +43,155 @@ class Caller:
     plan: str
 
 
-class DevKeyVerifier:
-    """Accepts one key from the environment (SERVICEAI_DEV_API_KEY)."""
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a key is refused, and whose it is when the store knows it."""
 
-    def __init__(self, key: str | None) -> None:
-        self._key = key.encode() if key else None
+    reason: str
+    key_id: str | None = None
+    user_id: str | None = None
+
+
+Verdict = Caller | Refusal
+"""What the store says of a key."""
+
+
+def verdict_of(owner: KeyOwner | None, key_hash: str) -> Verdict:
+    # The lookup is by hash: its timing can only tell an attacker about SHA-256 outputs, which
+    # they cannot invert. The comparison of the secret-derived values is constant-time anyway.
+    if owner is None or not hmac.compare_digest(owner.key_hash, key_hash):
+        return Refusal(UNKNOWN)
+    if owner.revoked:
+        return Refusal(REVOKED, owner.key_id, owner.user_id)
+    if owner.user_disabled:
+        return Refusal(USER_DISABLED, owner.key_id, owner.user_id)
+    return Caller(key_id=owner.key_id, user_id=owner.user_id, plan=owner.plan)
+
+
+class VerdictCache:
+    """Verdicts by key hash, each for `ttl_s`; at most `max_entries`, the oldest dropped first."""
+
+    def __init__(self, ttl_s: float, max_entries: int, clock: Callable[[], float]) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._clock = clock
+        self._entries: dict[str, tuple[float, Verdict]] = {}
+
+    def get(self, key_hash: str) -> Verdict | None:
+        entry = self._entries.get(key_hash)
+        if entry is None:
+            return None
+        if entry[0] <= self._clock():
+            del self._entries[key_hash]
+            return None
+        return entry[1]
+
+    def put(self, key_hash: str, verdict: Verdict) -> None:
+        if self.ttl_s <= 0:
+            return
+        self._entries.pop(key_hash, None)
+        while len(self._entries) >= self.max_entries:
+            del self._entries[next(iter(self._entries))]
+        self._entries[key_hash] = (self._clock() + self.ttl_s, verdict)
+
+    def forget(self, *, key_id: str | None = None, user_id: str | None = None) -> None:
+        """Drop the entries of a key or of a user's keys (changed on this replica)."""
+        stale = [
+            key_hash
+            for key_hash, (_, verdict) in self._entries.items()
+            if (key_id is not None and verdict.key_id == key_id)
+            or (user_id is not None and verdict.user_id == user_id)
+        ]
+        for key_hash in stale:
+            del self._entries[key_hash]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class KeyVerifier:
+    """Turns a bearer token into a `Caller`, or a 401 that says why."""
+
+    def __init__(
+        self,
+        store: KeyStore,
+        *,
+        ttl_s: float = 10.0,
+        max_entries: int = 100_000,
+        flush_every_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        # Refusals get their own, smaller cache: a flood of bad keys cannot evict good ones.
+        self.accepted = VerdictCache(ttl_s, max_entries, clock)
+        self.refused = VerdictCache(ttl_s, max(1, max_entries // 10), clock)
+        self._flush_every_s = flush_every_s
+        self._loading: dict[str, asyncio.Future[Verdict]] = {}
+        self._used: dict[str, float] = {}
+        self._flusher: asyncio.Task[None] | None = None
 
     async def verify(self, token: str) -> Caller:
-        if self._key is None or not hmac.compare_digest(token.encode(), self._key):
-            raise invalid_key("The API key is not valid.")
-        return Caller(key_id="dev", user_id="dev", plan="free")
+        if not keygen.is_well_formed(token):
+            raise invalid_key(MALFORMED)
+        key_hash = keygen.hash_key(token)
+        verdict = self.accepted.get(key_hash) or self.refused.get(key_hash)
+        if verdict is None:
+            verdict = await self._load(key_hash)
+        if isinstance(verdict, Refusal):
+            raise invalid_key(verdict.reason)
+        self._used[verdict.key_id] = time.time()
+        return verdict
+
+    async def _load(self, key_hash: str) -> Verdict:
+        """Ask the store, once for all the requests that wait for the same key."""
+        loading = self._loading.get(key_hash)
+        if loading is None:
+            loading = asyncio.ensure_future(self._ask_store(key_hash))
+            self._loading[key_hash] = loading
+            loading.add_done_callback(lambda _: self._loading.pop(key_hash, None))
+        # A request that gives up must not cancel the lookup the others wait for.
+        return await asyncio.shield(loading)
+
+    async def _ask_store(self, key_hash: str) -> Verdict:
+        verdict = verdict_of(await self.store.find_key(key_hash), key_hash)
+        (self.accepted if isinstance(verdict, Caller) else self.refused).put(key_hash, verdict)
+        return verdict
+
+    def forget(self, *, key_id: str | None = None, user_id: str | None = None) -> None:
+        self.accepted.forget(key_id=key_id, user_id=user_id)
+        self.refused.forget(key_id=key_id, user_id=user_id)
+
+    # Last-used times, written in batches.
+
+    def start(self) -> None:
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_periodically())
+
+    async def _flush_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self._flush_every_s)
+            try:
+                await self.flush()
+            except Exception as exc:  # a bug here must not stop the next rounds
+                logger.error("Writing last-used times failed: %s", type(exc).__name__)
+
+    async def flush(self) -> None:
+        used, self._used = self._used, {}
+        if not used:
+            return
+        try:
+            await self.store.record_last_used(
+                {key_id: datetime.fromtimestamp(t, UTC) for key_id, t in used.items()}
+            )
+        except KeyStoreError:
+            # Keep them for the next round; newer uses made meanwhile win.
+            for key_id, t in used.items():
+                self._used[key_id] = max(t, self._used.get(key_id, t))
+
+    async def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            self._flusher = None
+        await self.flush()
 
 
 def invalid_key(reason: str) -> ApiError:
@@ -40,14 +203,28 @@ def invalid_key(reason: str) -> ApiError:
     )
 
 
-async def authenticate(request: Request) -> Caller:
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="ApiKey",
+    description="A ServiceAi API key: `Authorization: Bearer sai-...`.",
+)
+
+
+def bearer_token(request: Request) -> str:
+    """The token of a `Bearer` Authorization header, or a 401 naming what is wrong with it."""
     header = request.headers.get("authorization")
     if not header:
-        raise invalid_key("Missing Authorization header.")
+        raise invalid_key(MISSING)
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer":
-        raise invalid_key("The Authorization header must use the Bearer scheme.")
+        raise invalid_key(WRONG_SCHEME)
     token = token.strip()
     if not token:
-        raise invalid_key("The Authorization header carries no API key.")
-    return await request.app.state.keys.verify(token)
+        raise invalid_key(EMPTY)
+    return token
+
+
+async def authenticate(
+    request: Request, _: HTTPAuthorizationCredentials | None = Security(_bearer)
+) -> Caller:
+    return await request.app.state.keys.verify(bearer_token(request))

@@ -166,3 +166,17 @@ class ModelRouter:
         if model not in self._scale_to_zero and running_replicas(endpoint.handle) == 0:
             raise unavailable(model)
         return endpoint
+
+    def readiness(self) -> dict[str, str]:
+        """Per type: 'ready' (a replica runs, or it scales to zero and starts on demand),
+        'unavailable' (no replica), or 'unknown' (the router has not heard from Serve yet)."""
+        states = {}
+        for name, endpoint in self._endpoints.items():
+            count = running_replicas(endpoint.handle)
+            if count is None:
+                states[name] = "unknown"
+            elif count > 0 or name in self._scale_to_zero:
+                states[name] = "ready"
+            else:
+                states[name] = "unavailable"
+        return states

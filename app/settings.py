@@ -9,21 +9,80 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///{PROJECT_ROOT / '.serviceai' / 'serviceai.db'}"
+MIN_ADMIN_TOKEN_LENGTH = 24
+
+# The async drivers we ship, and the plain URL schemes an operator may write instead.
+_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+aiosqlite": "sqlite+aiosqlite",
+    "postgres": "postgresql+asyncpg",
+    "postgresql": "postgresql+asyncpg",
+    "postgresql+asyncpg": "postgresql+asyncpg",
+}
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SERVICEAI_", extra="ignore")
-
-    dev_api_key: SecretStr | None = Field(
-        None, description="Development key accepted until the key store is configured."
+    # A refused value may be a secret (a database URL carries its password): never echo it.
+    model_config = SettingsConfigDict(
+        env_prefix="SERVICEAI_", extra="ignore", hide_input_in_errors=True
     )
+
+    database_url: SecretStr = Field(
+        SecretStr(DEFAULT_DATABASE_URL),
+        description="The key store: a SQLite file (default, under .serviceai/) or PostgreSQL "
+        "(postgresql+asyncpg://user:password@host/db). Secret: it may carry a password.",
+    )
+    admin_token: SecretStr | None = Field(
+        None,
+        description="Bearer token of the /admin API; unset, the admin API is off. "
+        f"At least {MIN_ADMIN_TOKEN_LENGTH} characters.",
+    )
+    key_cache_ttl_s: float = Field(
+        10.0,
+        ge=0,
+        le=300,
+        description="How long an ingress replica trusts a verified key without asking the "
+        "store; a revocation reaches every replica within this time. 0 disables the cache.",
+    )
+    key_cache_size: int = Field(
+        100_000, ge=1, description="Verified keys each ingress replica keeps at most."
+    )
+    last_used_flush_s: float = Field(
+        15.0, gt=0, description="How often a replica writes the keys' last-used times, batched."
+    )
+    max_keys_per_user: int = Field(50, ge=1, description="Active keys one user may hold.")
     public_base_url: str = Field(
         "http://127.0.0.1:8000/v1", description="The base URL clients use; shown in messages."
     )
+
+    @field_validator("database_url")
+    @classmethod
+    def _async_driver(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme not in _DRIVERS:
+            raise ValueError(
+                "must be a sqlite:///PATH or postgresql://USER@HOST/DB URL "
+                "(drivers: sqlite+aiosqlite, postgresql+asyncpg)"
+            )
+        return SecretStr(f"{_DRIVERS[scheme]}://{rest}")
+
+    @field_validator("admin_token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value():
+            return None
+        if value is not None and len(value.get_secret_value()) < MIN_ADMIN_TOKEN_LENGTH:
+            raise ValueError(
+                f"must be at least {MIN_ADMIN_TOKEN_LENGTH} characters "
+                "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        return value
 
 
 @lru_cache(maxsize=1)

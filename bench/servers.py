@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -20,7 +21,9 @@ from typing import Any
 import psutil
 import yaml
 
+from app.keystore import open_store
 from app.serve_runtime import cluster_env
+from app.settings import Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
@@ -138,7 +141,7 @@ def serviceai(port: int, log_dir: Path, extra_env: dict[str, str]) -> Iterator[S
     log = log_dir / "serviceai.log"
     runtime = cluster_env(ray_tmp / "h", stats_port=free_port(), metrics_port=free_port())
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **runtime, **extra_env}
-    api_key = _provision_key(env)
+    api_key = _provision_key(env, ray_tmp)
     server = Server("ServiceAi", f"http://127.0.0.1:{port}", api_key, BENCH_TYPE, ray_tmp)
     with open(log, "w") as out:
         process = subprocess.Popen(
@@ -153,10 +156,19 @@ def serviceai(port: int, log_dir: Path, extra_env: dict[str, str]) -> Iterator[S
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def _provision_key(env: dict[str, str]) -> str:
-    """A key the started service accepts; `env` is the service's environment."""
-    env["SERVICEAI_DEV_API_KEY"] = "sai-bench-" + os.urandom(16).hex()
-    return env["SERVICEAI_DEV_API_KEY"]
+def _provision_key(env: dict[str, str], folder: Path) -> str:
+    """A key the started service accepts: a fresh SQLite key store in `folder`, one user, one key."""
+    env["SERVICEAI_DATABASE_URL"] = f"sqlite+aiosqlite:///{folder / 'keys.db'}"
+
+    async def issue() -> str:
+        store = await open_store(Settings(database_url=env["SERVICEAI_DATABASE_URL"]))
+        try:
+            user = await store.create_user("bench@serviceai.local")
+            return (await store.create_key(user.id, "bench")).key
+        finally:
+            await store.database.close()
+
+    return asyncio.run(issue())
 
 
 def free_port() -> int:

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
+import secrets
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 import yaml
+
+from app.keystore import Database, KeyStore
+from app.serve_runtime import cluster_env
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
@@ -21,6 +27,11 @@ APP_NAME = "serviceai"
 # Everything that starts Ray and vLLM on this 2-core machine takes this lock first, so that
 # two test sessions (or a test session and `make bench`) never share the cores.
 STACK_LOCK = Path(tempfile.gettempdir()) / "serviceai-stack.lock"
+# The PostgreSQL of this machine (trust auth). Every test run creates its own databases on it,
+# named after RUN_ID, and drops them at the end.
+POSTGRES = os.environ.get("SERVICEAI_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+RUN_ID = f"serviceai_test_{os.getpid()}_{secrets.token_hex(3)}"
+BACKENDS = ["sqlite", "postgresql"]
 
 
 def free_port() -> int:
@@ -29,19 +40,103 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def error_of(response, status: int) -> dict:
+    """The `error` of an OpenAI error envelope, after checking the status and the shape."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert "Traceback" not in response.text
+    return body["error"]
+
+
 def app_args(config_path: Path = SERVE_CONFIG, name: str = APP_NAME) -> dict[str, Any]:
     """The `args` of application `name` in a serve config file."""
     config = yaml.safe_load(config_path.read_text())
     return next(a for a in config["applications"] if a["name"] == name)["args"]
 
 
+class PostgresDatabases:
+    """Creates throw-away databases on the test PostgreSQL server; drops them all at the end."""
+
+    def __init__(self) -> None:
+        self._created: list[str] = []
+        self._scratch: str | None = None
+
+    async def create(self) -> str:
+        """A new, empty database; its SQLAlchemy URL."""
+        name = f"{RUN_ID}_{len(self._created)}"
+        connection = await asyncpg.connect(POSTGRES)
+        try:
+            await connection.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await connection.close()
+        self._created.append(name)
+        return url_of_database(name)
+
+    async def empty(self) -> str:
+        """The run's scratch database, emptied (dropping a database per test is slow)."""
+        if self._scratch is None:
+            self._scratch = await self.create()
+        connection = await asyncpg.connect(self._scratch.replace("+asyncpg", ""))
+        try:
+            await connection.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+        finally:
+            await connection.close()
+        return self._scratch
+
+    async def drop_all(self) -> None:
+        connection = await asyncpg.connect(POSTGRES)
+        try:
+            for name in self._created:
+                await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await connection.close()
+        self._created.clear()
+
+
+def url_of_database(name: str) -> str:
+    server = POSTGRES.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://", 1)
+    return f"{server}/{name}"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresDatabases]:
+    databases = PostgresDatabases()
+    yield databases
+    asyncio.run(databases.drop_all())
+
+
+@pytest.fixture(params=BACKENDS)
+async def database_url(request, tmp_path: Path, postgres: PostgresDatabases) -> str:
+    """An empty database of each kind: a SQLite file, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}"
+    return await postgres.empty()
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[KeyStore]:
+    database = await Database.open(database_url)
+    yield KeyStore(database, max_keys_per_user=5)
+    await database.close()
+
+
 @dataclass
 class Stack:
-    """A running ServiceAi: Ray Serve with the ingress and the three model types."""
+    """A running ServiceAi: Ray Serve with the ingress and the three model types.
+
+    Its key store is a SQLite file; `secrets` collects every key and token the session used,
+    so that a last test can prove none of them reached a log.
+    """
 
     origin: str
     api_key: str
     ray_dir: Path
+    database_url: str
+    admin_token: str
+    key_cache_ttl_s: float
+    secrets: list[str] = field(default_factory=list)
 
     @property
     def base_url(self) -> str:
@@ -63,6 +158,9 @@ def stack_lock() -> Iterator[None]:
         yield
 
 
+STACK_KEY_CACHE_TTL_S = 3.0
+
+
 @pytest.fixture(scope="session")
 def stack(stack_lock: None) -> Iterator[Stack]:
     import ray
@@ -70,10 +168,22 @@ def stack(stack_lock: None) -> Iterator[Stack]:
 
     from app.builder import build_app
 
-    api_key = "sai-test-" + os.urandom(12).hex()
     ray_dir = Path(tempfile.mkdtemp(prefix="sai-ray-", dir="/tmp"))
-    os.environ["SERVICEAI_DEV_API_KEY"] = api_key
+    store_dir = Path(tempfile.mkdtemp(prefix="sai-keys-", dir="/tmp"))
+    database_url = f"sqlite+aiosqlite:///{store_dir / 'keys.db'}"
+    admin_token = secrets.token_urlsafe(32)
+    api_key = asyncio.run(_first_key(database_url))
+    # Ray's workers, the ingress replicas among them, inherit this environment.
+    os.environ["SERVICEAI_DATABASE_URL"] = database_url
+    os.environ["SERVICEAI_ADMIN_TOKEN"] = admin_token
+    os.environ["SERVICEAI_KEY_CACHE_TTL_S"] = str(STACK_KEY_CACHE_TTL_S)
     os.environ["HF_HUB_OFFLINE"] = "1"  # no hub on these machines: fail fast, never hang
+    # The same Ray Serve runtime as `make run` and production, with this session's own HAProxy.
+    runtime = cluster_env(ray_dir / "h", stats_port=free_port(), metrics_port=free_port())
+    # Throughput-optimized Serve buffers 1000 request-path log lines before writing them; the
+    # tests that read the logs need each line on disk when the request is done.
+    runtime["RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE"] = "1"
+    os.environ.update(runtime)
     port = free_port()
     ray.init(
         num_cpus=4,
@@ -85,8 +195,57 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(app_args()), name=APP_NAME, route_prefix="/")
-        yield Stack(origin=f"http://127.0.0.1:{port}", api_key=api_key, ray_dir=ray_dir)
+        origin = f"http://127.0.0.1:{port}"
+        _wait_until_every_type_answers(origin, api_key)
+        yield Stack(
+            origin=origin,
+            api_key=api_key,
+            ray_dir=ray_dir,
+            database_url=database_url,
+            admin_token=admin_token,
+            key_cache_ttl_s=STACK_KEY_CACHE_TTL_S,
+            secrets=[api_key, admin_token],
+        )
     finally:
         serve.shutdown()
         ray.shutdown()
+        for name in ("SERVICEAI_DATABASE_URL", "SERVICEAI_ADMIN_TOKEN", "SERVICEAI_KEY_CACHE_TTL_S", *runtime):
+            os.environ.pop(name, None)
         shutil.rmtree(ray_dir, ignore_errors=True)
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def _wait_until_every_type_answers(origin: str, api_key: str, timeout_s: float = 60) -> None:
+    """Serve reports the app running before HAProxy routes to it: wait for real answers."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    for model in [m["name"] for m in app_args()["model_types"]]:
+        while True:
+            try:
+                response = httpx.post(
+                    f"{origin}/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {api_key}"},
+                    json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                    timeout=30,
+                )
+                if response.status_code == 200:
+                    break
+                problem = f"{response.status_code} {response.text[:300]}"
+            except httpx.TransportError as exc:
+                problem = repr(exc)
+            assert time.monotonic() < deadline, problem
+            time.sleep(0.5)
+
+
+async def _first_key(database_url: str) -> str:
+    """A user and a key made through the real store, as `serviceai users create` would."""
+    database = await Database.open(database_url)
+    try:
+        store = KeyStore(database)
+        user = await store.create_user("e2e@serviceai.test")
+        return (await store.create_key(user.id, "e2e")).key
+    finally:
+        await database.close()

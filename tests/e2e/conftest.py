@@ -13,10 +13,15 @@ from tests.conftest import Stack
 MODEL_TYPES = ["ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"]
 
 
+LAST = "test_secrets_in_logs.py"
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "/e2e/" in str(item.path):
             item.add_marker(pytest.mark.e2e)
+    # The log check reads what every other test made the stack log: it runs last.
+    items.sort(key=lambda item: item.path.name == LAST)
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +50,20 @@ def tokenizer(stack: Stack):
 def prompt_tokens(tokenizer, messages: list[dict[str, str]]) -> int:
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def serviceai_cli(database_url: str, *args: str) -> dict:
+    """Run the installed `serviceai` command on a store and return its --json output."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "SERVICEAI_DATABASE_URL": database_url}
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("serviceai")), *args],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)

@@ -144,3 +144,12 @@ def test_models_are_listed_and_retrieved(client, http):
 def test_health_needs_no_key(stack):
     response = httpx.get(f"{stack.origin}/health")
     assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+def test_ready_once_every_type_has_a_replica(stack):
+    response = httpx.get(f"{stack.origin}/ready")
+    assert response.status_code == 200
+    assert response.json() == {
+        "status": "ready",
+        "model_types": {name: "ready" for name in MODEL_TYPES},
+    }

@@ -5,20 +5,13 @@ from __future__ import annotations
 import openai
 import pytest
 
+from tests.conftest import error_of
+
 OK_MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def post(http, body=None, **kwargs):
     return http.post("/v1/chat/completions", json=body, **kwargs)
-
-
-def error_of(response, status: int) -> dict:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert "Traceback" not in response.text
-    return body["error"]
 
 
 def test_malformed_json(http):

@@ -1,0 +1,45 @@
+"""What the key store refuses, with the HTTP status and OpenAI error code each maps to."""
+
+from __future__ import annotations
+
+
+class KeyStoreError(Exception):
+    status = 400
+    code = "invalid_value"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class UserNotFound(KeyStoreError):
+    status = 404
+    code = "user_not_found"
+
+
+class KeyNotFound(KeyStoreError):
+    status = 404
+    code = "api_key_not_found"
+
+
+class UserExists(KeyStoreError):
+    status = 409
+    code = "user_exists"
+
+
+class UserDisabled(KeyStoreError):
+    status = 409
+    code = "user_disabled"
+
+
+class KeyLimitReached(KeyStoreError):
+    status = 409
+    code = "api_key_limit_reached"
+
+
+class StoreUnavailable(KeyStoreError):
+    """The database cannot be reached; the caller may retry."""
+
+    status = 503
+    code = "key_store_unavailable"

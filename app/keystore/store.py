@@ -1,0 +1,228 @@
+"""The key store's operations: users, their keys, and the lookup behind every request."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import Select, bindparam, func, or_, select, tuple_, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.keystore import keygen
+from app.keystore.database import Database
+from app.keystore.errors import (
+    KeyLimitReached,
+    KeyNotFound,
+    KeyStoreError,
+    UserDisabled,
+    UserExists,
+    UserNotFound,
+)
+from app.keystore.schemas import DEFAULT_PLAN, ApiKey, IssuedApiKey, Page, User, unix
+from app.keystore.tables import ApiKeyRow, UserRow
+
+
+@dataclass(frozen=True, slots=True)
+class KeyOwner:
+    """What a request's key resolves to: enough to accept or refuse it, and for limits."""
+
+    key_id: str
+    key_hash: str
+    user_id: str
+    plan: str
+    revoked: bool
+    user_disabled: bool
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class KeyStore:
+    def __init__(self, database: Database, *, max_keys_per_user: int = 50) -> None:
+        self.database = database
+        self.max_keys_per_user = max_keys_per_user
+
+    # Users
+
+    async def create_user(self, email: str, plan: str = DEFAULT_PLAN) -> User:
+        email = email.strip().lower()
+        row = UserRow(id=keygen.new_id("user"), email=email, plan=plan, created_at=now())
+        try:
+            async with self.database.transaction() as session:
+                session.add(row)
+        except IntegrityError:
+            raise UserExists(
+                f"A user with email '{email}' already exists.", param="email"
+            ) from None
+        return _user(row)
+
+    async def get_user(self, user: str) -> User:
+        """A user by id or by email."""
+        async with self.database.transaction() as session:
+            return _user(await _find_user(session, user))
+
+    async def list_users(self, limit: int = 100, after: str | None = None) -> Page[User]:
+        async with self.database.transaction() as session:
+            query = await _page(session, select(UserRow), UserRow, limit, after)
+            rows = list(await session.scalars(query))
+        return Page[User](data=[_user(r) for r in rows[:limit]], has_more=len(rows) > limit)
+
+    async def update_user(
+        self, user: str, *, plan: str | None = None, disabled: bool | None = None
+    ) -> User:
+        async with self.database.transaction() as session:
+            row = await _find_user(session, user)
+            if plan is not None:
+                row.plan = plan
+            if disabled is not None and disabled != (row.disabled_at is not None):
+                row.disabled_at = now() if disabled else None
+        return _user(row)
+
+    # Keys
+
+    async def create_key(self, user: str, name: str | None = None) -> IssuedApiKey:
+        issued = keygen.issue()
+        async with self.database.transaction() as session:
+            owner = await _find_user(session, user)
+            if owner.disabled_at is not None:
+                raise UserDisabled(f"User {owner.id} is disabled: enable it before adding keys.")
+            active = await session.scalar(
+                select(func.count()).where(
+                    ApiKeyRow.user_id == owner.id, ApiKeyRow.revoked_at.is_(None)
+                )
+            )
+            if active >= self.max_keys_per_user:
+                raise KeyLimitReached(
+                    f"User {owner.id} already holds {active} active keys, the most allowed. "
+                    "Revoke one first."
+                )
+            row = ApiKeyRow(
+                id=keygen.new_id("key"),
+                user_id=owner.id,
+                key_hash=issued.hash,
+                display=issued.display,
+                name=name,
+                created_at=now(),
+            )
+            session.add(row)
+        return IssuedApiKey(**_key(row).model_dump(), key=issued.secret)
+
+    async def list_keys(
+        self, user: str | None = None, limit: int = 100, after: str | None = None
+    ) -> Page[ApiKey]:
+        async with self.database.transaction() as session:
+            query = select(ApiKeyRow)
+            if user is not None:
+                owner = await _find_user(session, user)
+                query = query.where(ApiKeyRow.user_id == owner.id)
+            rows = list(await session.scalars(await _page(session, query, ApiKeyRow, limit, after)))
+        return Page[ApiKey](data=[_key(r) for r in rows[:limit]], has_more=len(rows) > limit)
+
+    async def revoke_key(self, key_id: str, *, owner_id: str | None = None) -> ApiKey:
+        """Revoke a key (again is fine). With `owner_id`, only that user's key is found."""
+        async with self.database.transaction() as session:
+            row = await session.get(ApiKeyRow, key_id)
+            if row is None or (owner_id is not None and row.user_id != owner_id):
+                raise KeyNotFound(f"No API key with id '{key_id}'.", param="key_id")
+            if row.revoked_at is None:
+                row.revoked_at = now()
+        return _key(row)
+
+    async def find_key(self, key_hash: str) -> KeyOwner | None:
+        """The owner of the key with this hash, revoked or not; None for an unknown key."""
+        query = (
+            select(
+                ApiKeyRow.id, ApiKeyRow.key_hash, ApiKeyRow.revoked_at,
+                UserRow.id, UserRow.plan, UserRow.disabled_at,
+            )
+            .join(UserRow, UserRow.id == ApiKeyRow.user_id)
+            .where(ApiKeyRow.key_hash == key_hash)
+        )
+        async with self.database.connection() as connection:
+            found = (await connection.execute(query)).first()
+        if found is None:
+            return None
+        key_id, stored_hash, revoked_at, user_id, plan, disabled_at = found
+        return KeyOwner(
+            key_id=key_id,
+            key_hash=stored_hash,
+            user_id=user_id,
+            plan=plan,
+            revoked=revoked_at is not None,
+            user_disabled=disabled_at is not None,
+        )
+
+    async def record_last_used(self, used: Mapping[str, datetime]) -> None:
+        """Write many keys' last-used times in one statement (never moving one back)."""
+        if not used:
+            return
+        statement = (
+            update(ApiKeyRow)
+            .where(
+                ApiKeyRow.id == bindparam("key_id"),
+                or_(
+                    ApiKeyRow.last_used_at.is_(None),
+                    ApiKeyRow.last_used_at < bindparam("used_at"),
+                ),
+            )
+            .values(last_used_at=bindparam("used_at"))
+        )
+        async with self.database.transaction() as session:
+            connection = await session.connection()
+            await connection.execute(
+                statement, [{"key_id": k, "used_at": t} for k, t in used.items()]
+            )
+
+
+async def _find_user(session: AsyncSession, user: str) -> UserRow:
+    column = UserRow.email if "@" in user else UserRow.id
+    row = await session.scalar(select(UserRow).where(column == user.strip().lower()))
+    if row is None:
+        raise UserNotFound(f"No user with {column.key} '{user[:320]}'.", param="user")
+    return row
+
+
+async def _page(
+    session: AsyncSession,
+    query: Select,
+    table: type[UserRow] | type[ApiKeyRow],
+    limit: int,
+    after: str | None,
+) -> Select:
+    """Oldest first, `limit` + 1 rows (to tell whether there are more), after the row `after`."""
+    if after is not None:
+        found = await session.execute(select(table.created_at, table.id).where(table.id == after))
+        cursor = found.first()
+        if cursor is None:
+            raise KeyStoreError(
+                f"'after' names no item of this list: '{after[:64]}'.", param="after"
+            )
+        query = query.where(tuple_(table.created_at, table.id) > tuple_(*cursor))
+    return query.order_by(table.created_at, table.id).limit(limit + 1)
+
+
+def _user(row: UserRow) -> User:
+    return User(
+        id=row.id,
+        email=row.email,
+        plan=row.plan,
+        created_at=unix(row.created_at),
+        disabled=row.disabled_at is not None,
+        disabled_at=unix(row.disabled_at),
+    )
+
+
+def _key(row: ApiKeyRow) -> ApiKey:
+    return ApiKey(
+        id=row.id,
+        user_id=row.user_id,
+        name=row.name,
+        display=row.display,
+        created_at=unix(row.created_at),
+        last_used_at=unix(row.last_used_at),
+        revoked_at=unix(row.revoked_at),
+        revoked=row.revoked_at is not None,
+    )

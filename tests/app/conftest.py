@@ -1,0 +1,36 @@
+"""The HTTP API in-process (httpx over ASGI) on a real key store, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from app.api import create_api
+from app.auth import KeyVerifier
+from app.dispatch import ModelRouter
+from app.keystore import KeyStore
+
+ADMIN_TOKEN = secrets.token_urlsafe(32)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+async def api(store: KeyStore) -> AsyncIterator[httpx.AsyncClient]:
+    """The ServiceAi API (no model types) with the admin API on."""
+    app = create_api(ModelRouter({}, created=0), KeyVerifier(store), SecretStr(ADMIN_TOKEN))
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        yield client
+
+
+@pytest.fixture
+def admin(api: httpx.AsyncClient) -> httpx.AsyncClient:
+    api.headers.update(bearer(ADMIN_TOKEN))
+    return api

@@ -1,0 +1,134 @@
+"""`serviceai users ...` and `serviceai keys ...` against a real store (SQLite and PostgreSQL)."""
+
+import json
+
+import pytest
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from app.cli import cli
+from app.cli_accounts import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
+from app.keystore import keygen
+from app.settings import get_settings
+
+
+@pytest.fixture
+def serviceai(database_url, monkeypatch):
+    """Runs `serviceai ARGS` on the test database; returns (exit code, stdout, stderr)."""
+    monkeypatch.setenv("SERVICEAI_DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    runner = CliRunner()
+
+    def run(*args: str):
+        get_settings.cache_clear()
+        result = runner.invoke(cli, list(args))
+        return result.exit_code, result.stdout, result.stderr
+
+    yield run
+    get_settings.cache_clear()
+
+
+def json_of(result) -> dict:
+    code, out, err = result
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_one_command_creates_an_account_with_a_key(serviceai):
+    created = json_of(serviceai("users", "create", "--email", "Ada@Example.com", "--with-key", "--json"))
+    user, key = created["user"], created["key"]
+    assert (user["email"], user["plan"]) == ("ada@example.com", "free")
+    assert keygen.is_well_formed(key["key"]) and key["user_id"] == user["id"] and key["name"] == "default"
+
+    code, out, _ = serviceai("users", "create", "--email", "bob@example.com", "--plan", "pro", "--with-key")
+    assert code == 0 and "plan pro" in out and "not shown again" in out
+    [secret] = [line.strip() for line in out.splitlines() if line.strip().startswith("sai-")]
+    assert keygen.is_well_formed(secret)
+
+
+def test_keys_create_list_revoke(serviceai):
+    user = json_of(serviceai("users", "create", "--email", "ada@example.com", "--json"))
+    key = json_of(serviceai("keys", "create", "--user", "ada@example.com", "--name", "ci", "--json"))
+    assert key["name"] == "ci" and key["user_id"] == user["id"]
+
+    code, out, _ = serviceai("keys", "list", "--user", user["id"])
+    assert code == 0 and key["id"] in out and key["display"] in out and "active" in out
+    assert key["key"] not in out
+    listed = json_of(serviceai("keys", "list", "--json"))
+    assert [k["id"] for k in listed["data"]] == [key["id"]] and "key" not in listed["data"][0]
+
+    code, out, _ = serviceai("keys", "revoke", key["id"])
+    assert code == 0 and "Revoked" in out
+    assert json_of(serviceai("keys", "list", "--json"))["data"][0]["revoked"] is True
+
+
+def test_users_list_disable_enable_set_plan(serviceai):
+    ada = json_of(serviceai("users", "create", "--email", "ada@example.com", "--json"))
+    assert json_of(serviceai("users", "disable", "ada@example.com", "--json"))["disabled"] is True
+    code, out, _ = serviceai("users", "list")
+    assert code == 0 and ada["id"] in out and "disabled" in out
+    assert json_of(serviceai("users", "enable", ada["id"], "--json"))["disabled"] is False
+    assert json_of(serviceai("users", "set-plan", ada["id"], "pro", "--json"))["plan"] == "pro"
+    assert [u["email"] for u in json_of(serviceai("users", "list", "--json"))["data"]] == ["ada@example.com"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (("users", "create", "--email", "nope"), EXIT_USAGE, "--email: is not an email address"),
+        (("users", "create", "--email", "a@b.c", "--plan", "Gold"), EXIT_USAGE, "--plan"),
+        (("keys", "create", "--user", "nobody@example.com"), EXIT_REFUSED, "No user with email"),
+        (("keys", "revoke", "key_missing"), EXIT_REFUSED, "No API key with id 'key_missing'"),
+        (("users", "disable", "user_missing"), EXIT_REFUSED, "No user with id"),
+        (("keys", "create"), EXIT_USAGE, "Missing option '--user'"),
+    ],
+)
+def test_friendly_errors_and_exit_codes(serviceai, args, code, message):
+    exit_code, out, err = serviceai(*args)
+    assert exit_code == code
+    assert message in err and "Traceback" not in err + out
+
+
+def test_an_existing_email_is_refused(serviceai):
+    serviceai("users", "create", "--email", "ada@example.com")
+    code, _, err = serviceai("users", "create", "--email", "ADA@example.com")
+    assert code == EXIT_REFUSED and "already exists" in err
+
+
+def test_unreachable_store_and_bad_configuration(serviceai, monkeypatch):
+    monkeypatch.setenv("SERVICEAI_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")
+    code, _, err = serviceai("users", "list")
+    assert code == EXIT_UNAVAILABLE and "unavailable" in err
+    monkeypatch.setenv("SERVICEAI_DATABASE_URL", "mysql://somewhere/db")
+    code, _, err = serviceai("users", "list")
+    assert code == EXIT_USAGE and "SERVICEAI_DATABASE_URL" in err and "somewhere" not in err
+
+
+def all_command_paths(command, prefix=()):
+    yield prefix
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from all_command_paths(sub, (*prefix, name))
+
+
+@pytest.mark.parametrize("path", list(all_command_paths(get_command(cli))), ids=" ".join)
+def test_help_everywhere(path):
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert result.exit_code == 0 and "Usage:" in result.stdout
+
+
+async def test_make_run_creates_a_local_key_on_the_first_start_only(store):
+    from app.auth import KeyVerifier
+    from app.cli import LOCAL_USER, _first_start_key
+
+    key, owner = await _first_start_key(store)
+    caller = await KeyVerifier(store).verify(key)
+    assert owner == LOCAL_USER and caller.user_id == (await store.get_user(LOCAL_USER)).id
+    assert await _first_start_key(store) == (None, LOCAL_USER)
+
+
+async def test_make_run_leaves_a_store_with_users_alone(store):
+    from app.cli import _first_start_key
+
+    await store.create_user("ops@example.com")
+    assert await _first_start_key(store) == (None, "<your email>")
+    assert [u.email for u in (await store.list_users()).data] == ["ops@example.com"]
