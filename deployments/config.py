@@ -37,13 +37,19 @@ def ray_accelerator_types() -> frozenset[str]:
     from ray.util.accelerators import accelerators
 
     constants = vars(accelerators).items()
-    return frozenset(value for name, value in constants if name.isupper() and isinstance(value, str))
+    return frozenset(v for name, v in constants if name.isupper() and isinstance(v, str))
 
 
 # Set by the translation because they must agree with the Serve options: the name the
 # ingress routes by, and the executor that uses the placement-group bundles Serve reserves.
 _RESERVED_ENGINE_ARGS = frozenset(
-    {"model", "tokenizer", "served_model_name", "tensor_parallel_size", "distributed_executor_backend"}
+    {
+        "model",
+        "tokenizer",
+        "served_model_name",
+        "tensor_parallel_size",
+        "distributed_executor_backend",
+    }
 )
 
 

@@ -21,8 +21,12 @@ INSTANCE_TYPES = {
 }
 
 
+def node_types(cluster):
+    return cluster["available_node_types"]
+
+
 def worker_types(cluster):
-    return {n: t for n, t in cluster["available_node_types"].items() if n != cluster["head_node_type"]}
+    return {n: t for n, t in node_types(cluster).items() if n != cluster["head_node_type"]}
 
 
 def gpu_types(cluster):
@@ -38,7 +42,7 @@ def test_passes_rays_own_validation_as_ray_up_runs_it(cluster):
 
 
 def test_node_types_offer_what_their_instances_have(cluster):
-    for name, node_type in cluster["available_node_types"].items():
+    for name, node_type in node_types(cluster).items():
         instance = INSTANCE_TYPES[node_type["node_config"]["InstanceType"]]
         resources = node_type["resources"]
         assert resources["CPU"] <= instance["vcpus"], name
@@ -65,7 +69,7 @@ def test_one_gpu_node_type_per_gpu_kind(cluster):
 
 
 def test_head_runs_no_replica_and_gpu_nodes_come_and_go(cluster):
-    head = cluster["available_node_types"][cluster["head_node_type"]]
+    head = node_types(cluster)[cluster["head_node_type"]]
     assert head["resources"] == {"CPU": 0}
     for name, node_type in gpu_types(cluster).items():
         assert node_type["min_workers"] == 0, name
@@ -75,9 +79,9 @@ def test_head_runs_no_replica_and_gpu_nodes_come_and_go(cluster):
 
 
 def test_only_the_cpu_ingress_type_offers_the_ingress_marker(cluster):
-    offering = [n for n, t in cluster["available_node_types"].items() if "serviceai_ingress" in t["resources"]]
+    offering = [n for n, t in node_types(cluster).items() if "serviceai_ingress" in t["resources"]]
     assert offering == ["cpu_ingress"]
-    assert cluster["available_node_types"]["cpu_ingress"]["min_workers"] >= 1
+    assert node_types(cluster)["cpu_ingress"]["min_workers"] >= 1
 
 
 def test_gpu_nodes_install_the_project_with_the_gpu_extra_and_cpu_nodes_without(cluster):
@@ -86,17 +90,20 @@ def test_gpu_nodes_install_the_project_with_the_gpu_extra_and_cpu_nodes_without(
     def installs(commands: list[str]) -> list[str]:
         return [m.group(0) for c in commands if (m := install.search(c))]
 
+    def with_gpu_extra(commands: list[str]) -> list[bool]:
+        return [c.endswith('[gpu]"') for c in installs(commands)]
+
     for name, node_type in gpu_types(cluster).items():
-        assert [c.endswith('[gpu]"') for c in installs(node_type["worker_setup_commands"])] == [True], name
-    assert [c.endswith('[gpu]"') for c in installs(cluster["setup_commands"])] == [False]
-    assert "worker_setup_commands" not in cluster["available_node_types"]["cpu_ingress"]
+        assert with_gpu_extra(node_type["worker_setup_commands"]) == [True], name
+    assert with_gpu_extra(cluster["setup_commands"]) == [False]
+    assert "worker_setup_commands" not in node_types(cluster)["cpu_ingress"]
     # The autoscaler runs on the head and launches instances through boto3.
     assert any("boto3==" in c for c in cluster["head_setup_commands"])
 
 
 def test_every_node_runs_python_3_11_from_one_pinned_installer(cluster):
-    node_setups = [cluster["setup_commands"]] + [t["worker_setup_commands"] for t in gpu_types(cluster).values()]
-    for commands in node_setups:
+    gpu_setups = [t["worker_setup_commands"] for t in gpu_types(cluster).values()]
+    for commands in [cluster["setup_commands"], *gpu_setups]:
         text = "\n".join(commands)
         assert "uv venv --python 3.11 ~/venv" in text
         assert re.search(r"astral\.sh/uv/\d+\.\d+\.\d+/install\.sh", text)
@@ -113,9 +120,7 @@ def test_ray_starts_with_token_auth_and_the_environment_file_everywhere(cluster)
 
 
 def test_one_ami_for_cpu_nodes_and_one_for_gpu_nodes(cluster):
-    amis = {
-        name: node_type["node_config"]["ImageId"] for name, node_type in cluster["available_node_types"].items()
-    }
+    amis = {name: t["node_config"]["ImageId"] for name, t in node_types(cluster).items()}
     gpu = {amis[n] for n in gpu_types(cluster)}
     cpu = {amis[n] for n in amis if n not in gpu_types(cluster)}
     assert len(gpu) == len(cpu) == 1 and gpu != cpu
@@ -126,5 +131,5 @@ def test_gpu_disks_hold_the_weights(cluster, node_type):
     # Root volume (GB) against the checkpoint each type downloads: room for the old and the new
     # model during a rollout, and for the venv (torch, vLLM: about 20 GB).
     checkpoint_gb = {"gpu_l4": 3.1, "gpu_l40s": 29.6, "gpu_h100": 145.4}[node_type]
-    disk = cluster["available_node_types"][node_type]["node_config"]["BlockDeviceMappings"][0]["Ebs"]
+    disk = node_types(cluster)[node_type]["node_config"]["BlockDeviceMappings"][0]["Ebs"]
     assert disk["VolumeSize"] >= 2 * checkpoint_gb + 50

@@ -35,7 +35,8 @@ def applications(config: dict) -> dict[str, dict]:
 
 def model_types(config: dict) -> list[dict]:
     """The model type entries the ingress application serves."""
-    ingress_app = next(a for a in config["applications"] if a["import_path"] == "app.builder:build_app")
+    apps = config["applications"]
+    ingress_app = next(a for a in apps if a["import_path"] == "app.builder:build_app")
     return ingress_app["args"]["model_types"]
 
 
@@ -50,15 +51,20 @@ def node_type_for(demand: dict[str, float], cluster: dict) -> list[str]:
 
 
 def replicas_per_node(demand: dict[str, float], resources: dict[str, float]) -> int:
-    return min(math.floor(resources[r] / amount + 1e-9) for r, amount in demand.items() if amount > 0)
+    return min(math.floor(resources[r] / amount + 1e-9) for r, amount in demand.items())
 
 
-@pytest.mark.parametrize("path", [LOCAL_SERVE_CONFIG, PRODUCTION_SERVE_CONFIG], ids=lambda p: p.name)
+BOTH_PROFILES = pytest.mark.parametrize(
+    "path", [LOCAL_SERVE_CONFIG, PRODUCTION_SERVE_CONFIG], ids=lambda p: p.name
+)
+
+
+@BOTH_PROFILES
 def test_passes_ray_serve_deploy_schema(path):
     ServeDeploySchema.model_validate(load(path))
 
 
-@pytest.mark.parametrize("path", [LOCAL_SERVE_CONFIG, PRODUCTION_SERVE_CONFIG], ids=lambda p: p.name)
+@BOTH_PROFILES
 def test_both_profiles_serve_the_catalog_types(path):
     assert [m["name"] for m in model_types(load(path))] == list(LOGICAL_MODEL_TYPES)
 
@@ -101,14 +107,17 @@ def test_production_builds_without_gpus_into_options_ray_accepts(production_depl
     }
     for d in production_deployments:
         validate_actor_options(d.replica.ray_actor_options, in_options=True)
-        if d.replica.placement_group_bundles:
-            validate_placement_group(d.replica.placement_group_bundles, d.replica.placement_group_strategy)
+        bundles = d.replica.placement_group_bundles
+        if bundles:
+            validate_placement_group(bundles, d.replica.placement_group_strategy)
         for resource in d.demand():
             if resource.startswith("accelerator_type:"):
                 assert resource.removeprefix("accelerator_type:") in ray_accelerator_types()
 
 
-def test_tensor_parallel_replica_reserves_one_gpu_bundle_per_shard_on_one_node(production_deployments):
+def test_tensor_parallel_replica_reserves_one_gpu_bundle_per_shard(
+    production, production_deployments
+):
     pro = next(d for d in production_deployments if d.name == "ServiceAi-Pro")
     bundles = pro.replica.placement_group_bundles
     assert pro.replica.placement_group_strategy == "STRICT_PACK"
@@ -116,13 +125,17 @@ def test_tensor_parallel_replica_reserves_one_gpu_bundle_per_shard_on_one_node(p
     assert all(b["accelerator_type:H100"] == 0.001 for b in bundles)
     # The replica holds no GPU itself; vLLM's Ray executor puts one worker in each GPU bundle.
     assert pro.replica.resource_dict == {"CPU": bundles[0]["CPU"]}
-    config = ModelTypeConfig.model_validate(applications(load(PRODUCTION_SERVE_CONFIG))["ServiceAi-Pro"]["args"])
+    config = ModelTypeConfig.model_validate(applications(production)["ServiceAi-Pro"]["args"])
     assert config.engine_kwargs("m")["distributed_executor_backend"] == "ray"
 
 
 def test_every_replica_fits_exactly_one_node_type(production_deployments, cluster):
-    expected = {"ServiceAi-Fast": "gpu_l4", "ServiceAi-Pro": "gpu_h100", "ServiceAi-Coder": "gpu_l40s",
-                "Ingress": "cpu_ingress"}
+    expected = {
+        "ServiceAi-Fast": "gpu_l4",
+        "ServiceAi-Pro": "gpu_h100",
+        "ServiceAi-Coder": "gpu_l40s",
+        "Ingress": "cpu_ingress",
+    }
     for d in production_deployments:
         assert node_type_for(d.demand(), cluster) == [expected[d.name]], d.name
 
@@ -143,7 +156,8 @@ def test_rollouts_keep_old_replicas_until_new_ones_serve(production_deployments)
     for d in production_deployments:
         assert d.config.max_surge_percent > 0, d.name
     # Streams pass through the ingress: it drains for as long as the longest model type.
-    assert ingress.config.graceful_shutdown_timeout_s >= max(m.config.graceful_shutdown_timeout_s for m in models)
+    longest = max(m.config.graceful_shutdown_timeout_s for m in models)
+    assert ingress.config.graceful_shutdown_timeout_s >= longest
 
 
 def test_max_ongoing_requests_matches_the_engines_max_num_seqs(production):
@@ -175,7 +189,8 @@ def test_production_serves_real_models_set_in_the_file_only(production):
 
 def test_secrets_come_from_the_environment_only(production):
     ingress_env = applications(production)["serviceai"]["args"]["ingress"]["env_vars"]
-    assert {"SERVICEAI_DATABASE_URL", "SERVICEAI_REDIS_URL", "SERVICEAI_ADMIN_TOKEN"} <= set(ingress_env)
+    settings = {"SERVICEAI_DATABASE_URL", "SERVICEAI_REDIS_URL", "SERVICEAI_ADMIN_TOKEN"}
+    assert settings <= ingress_env.keys()
     envs = [ingress_env] + [m.get("env_vars", {}) for m in model_types(production)]
     for env in envs:
         for name, value in env.items():
@@ -197,4 +212,5 @@ def test_local_profile_still_builds_one_application():
         ("serviceai", "Ingress"), ("serviceai", "ServiceAi-Fast"), ("serviceai", "ServiceAi-Pro"),
         ("serviceai", "ServiceAi-Coder"),
     }
-    assert ServeApplicationSchema.model_validate(load(LOCAL_SERVE_CONFIG)["applications"][0]).route_prefix == "/"
+    (app,) = load(LOCAL_SERVE_CONFIG)["applications"]
+    assert ServeApplicationSchema.model_validate(app).route_prefix == "/"

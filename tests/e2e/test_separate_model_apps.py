@@ -36,10 +36,13 @@ def test_ingress_deployed_first_waits_for_its_model_type_application(stack):
         assert set(status["ServiceAi-Fast"].deployments) == {"ServiceAi-Fast"}
         # The ingress re-reads replica health every 2 s: a type that has just come up may still
         # be refused with 503 and Retry-After, which the client's own retry honours.
-        client = openai.OpenAI(base_url=f"{stack.origin}/edge/v1", api_key=stack.api_key, max_retries=2)
+        client = openai.OpenAI(
+            base_url=f"{stack.origin}/edge/v1", api_key=stack.api_key, max_retries=2
+        )
         assert [m.id for m in client.models.list()] == ["ServiceAi-Fast"]
         chunks = list(client.chat.completions.create(
-            model="ServiceAi-Fast", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+            model="ServiceAi-Fast", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+            stream=True,
         ))
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     finally:
