@@ -1,4 +1,8 @@
-"""Builds the ServiceAi Serve application from the `args` of serve_config.yaml."""
+"""Builds the ServiceAi Serve applications from the `args` of a serve config.
+
+Two import_path targets: `app.builder:build_app` (the ingress, with or without the model
+types) and `app.builder:build_model_type` (one model type as an application of its own).
+"""
 
 from __future__ import annotations
 
@@ -8,15 +12,27 @@ from ray.serve import Application
 
 from app.config import ServiceConfig
 from app.ingress import Ingress
+from deployments.config import ModelTypeConfig
 from deployments.model_server import build_model_app, ensure_local_model
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    """The import_path target: `app.builder:build_app`. A bad config fails here, naming the field."""
+    """The ingress application. A bad config fails here, naming the field."""
     config = ServiceConfig.model_validate(args)
-    if config.models_app is not None:
-        return Ingress.options(**config.ingress.serve_options()).bind(config, None)
+    ingress = Ingress.options(**config.ingress.serve_options())
+    if not config.deploys_model_types():
+        return ingress.bind(config, None)
     for model_type in config.model_types:
         ensure_local_model(model_type)
-    models = {m.name: build_model_app(m) for m in config.model_types}
-    return Ingress.options(**config.ingress.serve_options()).bind(config, models)
+    return ingress.bind(config, {m.name: build_model_app(m) for m in config.model_types})
+
+
+def build_model_type(args: dict[str, Any]) -> Application:
+    """One model type as its own application (no HTTP route); `args` is one model type entry.
+
+    Its application must be named after the type: an ingress built with
+    `separate_model_apps: true` looks it up there.
+    """
+    config = ModelTypeConfig.model_validate(args)
+    ensure_local_model(config)
+    return build_model_app(config)

@@ -17,13 +17,23 @@ class IngressConfig(BaseModel):
     num_replicas: int | None = Field(None, ge=1)
     autoscaling_config: AutoscalingOptions = None
     num_cpus: float = Field(0.25, ge=0)
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources per replica, e.g. a marker that only the CPU node type "
+        "of the cluster offers, so that no ingress replica lands on (and holds) a GPU node.",
+    )
     max_ongoing_requests: int = Field(1024, ge=1)
     env_vars: dict[str, str] = Field(
         default_factory=dict,
         description="Environment of the ingress replicas (SERVICEAI_* settings). Ray expands "
         "${VAR} from the node's environment, so secrets stay out of this file.",
     )
-
+    graceful_shutdown_timeout_s: float = Field(
+        20.0, ge=0, description="How long a stopping replica may finish its streams."
+    )
+    max_surge_percent: int = Field(
+        0, ge=0, le=100, description="Extra replicas during a rollout, as for model types."
+    )
 
     @model_validator(mode="after")
     def _replicas_or_autoscaling(self) -> IngressConfig:
@@ -35,8 +45,12 @@ class IngressConfig(BaseModel):
         options: dict[str, Any] = {
             "name": "Ingress",
             "max_ongoing_requests": self.max_ongoing_requests,
+            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "max_surge_percent": self.max_surge_percent,
             "ray_actor_options": {"num_cpus": self.num_cpus},
         }
+        if self.resources:
+            options["ray_actor_options"]["resources"] = dict(self.resources)
         if self.env_vars:
             options["ray_actor_options"]["runtime_env"] = {"env_vars": dict(self.env_vars)}
         if self.autoscaling_config is not None:
@@ -59,6 +73,27 @@ class ServiceConfig(BaseModel):
         "deploying them here: an extra ingress (another database, more replicas) over the "
         "same engines.",
     )
+    separate_model_apps: bool = Field(
+        False,
+        description="Each model type runs as its own application, named after the type and "
+        "built by `app.builder:build_model_type`; this application holds the ingress only. "
+        "Serve restarts every deployment of an application whose args change, so this keeps a "
+        "change to one type (a new model, new autoscaling) from restarting the others.",
+    )
+
+    @model_validator(mode="after")
+    def _one_place_for_the_models(self) -> ServiceConfig:
+        if self.models_app is not None and self.separate_model_apps:
+            raise ValueError("set either models_app or separate_model_apps, not both")
+        return self
+
+    def deploys_model_types(self) -> bool:
+        """Whether this application deploys the model types itself (else it is ingress only)."""
+        return self.models_app is None and not self.separate_model_apps
+
+    def model_type_app(self, name: str) -> str | None:
+        """The application that runs model type `name`; None when it is this one."""
+        return name if self.separate_model_apps else self.models_app
 
     @field_validator("model_types")
     @classmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
 from fastapi import FastAPI
@@ -15,6 +17,10 @@ from app.dispatch import ModelRouter
 from app.keystore import open_store
 from app.settings import get_settings
 
+logger = logging.getLogger("serviceai")
+
+MODEL_APP_WAIT_S = 300.0
+
 
 @serve.deployment
 @serve.ingress()
@@ -25,7 +31,7 @@ class Ingress:
         self._settings = settings = get_settings()
         if models is None:
             models = {
-                m.name: serve.get_deployment_handle(m.name, app_name=config.models_app)
+                m.name: await model_type_handle(m.name, config.model_type_app(m.name))
                 for m in config.model_types
             }
         self._router = ModelRouter(
@@ -48,3 +54,28 @@ class Ingress:
         if hasattr(self, "_keys"):
             await self._keys.close()
             await self._keys.store.database.close()
+
+
+async def model_type_handle(
+    name: str, app_name: str, timeout_s: float = MODEL_APP_WAIT_S
+) -> DeploymentHandle:
+    """The handle of a model type that another application deploys.
+
+    `serve deploy` builds the applications of one config side by side, so this ingress may
+    start before the application it routes to exists; it waits for it rather than failing.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(_is_deployed, name, app_name):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"Model type {name} is not deployed: no deployment {name!r} in application "
+                f"{app_name!r} after {timeout_s:.0f} s. Deploy that application or fix its name."
+            )
+        logger.info("Waiting for application %r to deploy model type %s", app_name, name)
+        await asyncio.sleep(2)
+    return serve.get_deployment_handle(name, app_name=app_name)
+
+
+def _is_deployed(name: str, app_name: str) -> bool:
+    app = serve.status().applications.get(app_name)
+    return app is not None and name in app.deployments

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from deployments.catalog import LOGICAL_MODEL_TYPES
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = "tiny"
 """The `model` value (also the default) that means: serve the generated tiny test model."""
@@ -30,20 +32,43 @@ AutoscalingOptions = Annotated[dict[str, Any] | None, AfterValidator(validate_au
 """Ray Serve's `autoscaling_config`, checked by Ray's own model."""
 
 
+def ray_accelerator_types() -> frozenset[str]:
+    """The accelerator types Ray knows (ray.util.accelerators), as nodes advertise them."""
+    from ray.util.accelerators import accelerators
+
+    constants = vars(accelerators).items()
+    return frozenset(v for name, v in constants if name.isupper() and isinstance(v, str))
+
+
+# Set by the translation because they must agree with the Serve options: the name the
+# ingress routes by, and the executor that uses the placement-group bundles Serve reserves.
+_RESERVED_ENGINE_ARGS = frozenset(
+    {
+        "model",
+        "tokenizer",
+        "served_model_name",
+        "tensor_parallel_size",
+        "distributed_executor_backend",
+    }
+)
+
+
 class ModelTypeConfig(BaseModel):
     """One logical model type (e.g. ServiceAi-Fast): the concrete model, its engine, its replicas."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")
-    description: str = ""
+    description: str = Field("", description="Defaults to the catalog's (deployments.catalog).")
     model: str = Field(
         TINY_MODEL,
         description="Hugging Face id or local path; 'tiny' generates the test model. "
         "Overridden by the environment variable named in `model_env`.",
     )
     model_env: str | None = Field(
-        None, description="Environment variable that, when set, replaces `model`."
+        None,
+        description="Environment variable that, when set, replaces `model`. "
+        "Defaults to the catalog's (deployments.catalog).",
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Passed verbatim to vLLM's AsyncEngineArgs."
@@ -60,16 +85,43 @@ class ModelTypeConfig(BaseModel):
     env_vars: dict[str, str] = Field(default_factory=dict)
     health_check_period_s: float = Field(10.0, gt=0)
     health_check_timeout_s: float = Field(30.0, gt=0)
-    graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
+    graceful_shutdown_timeout_s: float = Field(
+        20.0, ge=0, description="How long a stopping replica may finish its ongoing requests."
+    )
+    max_surge_percent: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Extra replicas (percent of the target, rounded up) started during a rollout "
+        "so that old replicas serve until their replacements are ready; 0 stops old ones first.",
+    )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _catalog_defaults(cls, data: Any) -> Any:
+        known = LOGICAL_MODEL_TYPES.get(data.get("name")) if isinstance(data, dict) else None
+        if known is None:
+            return data
+        return {"description": known.description, "model_env": known.model_env, **data}
 
     @field_validator("engine_args")
     @classmethod
     def _engine_args_are_ours_to_set(cls, value: dict[str, Any]) -> dict[str, Any]:
-        reserved = {"model", "tokenizer", "served_model_name", "tensor_parallel_size"} & value.keys()
+        reserved = _RESERVED_ENGINE_ARGS & value.keys()
         if reserved:
             raise ValueError(
                 f"set {sorted(reserved)} through the model type's own fields, not engine_args"
+            )
+        return value
+
+    @field_validator("accelerator_type")
+    @classmethod
+    def _accelerator_known_to_ray(cls, value: str | None) -> str | None:
+        # An unknown name is a resource no node offers: the replica would wait forever.
+        if value is not None and value not in ray_accelerator_types():
+            raise ValueError(
+                f"unknown accelerator_type {value!r}; use a name from ray.util.accelerators "
+                "(as Ray detects it on the node), e.g. L4, L40S, A10G, A100, H100"
             )
         return value
 
@@ -81,6 +133,14 @@ class ModelTypeConfig(BaseModel):
             raise ValueError("accelerator_type needs num_gpus_per_shard > 0")
         if self.tensor_parallel_size > 1 and self.num_gpus_per_shard != 1:
             raise ValueError("tensor_parallel_size > 1 needs num_gpus_per_shard: 1")
+        max_num_seqs = self.engine_args.get("max_num_seqs")
+        if isinstance(max_num_seqs, int) and self.max_ongoing_requests > max_num_seqs:
+            # Serve would hand the replica requests the engine can only park in its own queue,
+            # where a replica started meanwhile cannot take them over.
+            raise ValueError(
+                f"max_ongoing_requests ({self.max_ongoing_requests}) exceeds the engine's "
+                f"max_num_seqs ({max_num_seqs})"
+            )
         return self
 
     def resolved_model(self, environ: dict[str, str] | None = None) -> str:
@@ -102,6 +162,7 @@ class ModelTypeConfig(BaseModel):
             "health_check_period_s": self.health_check_period_s,
             "health_check_timeout_s": self.health_check_timeout_s,
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "max_surge_percent": self.max_surge_percent,
             "ray_actor_options": actor_options,
         }
         if self.autoscaling_config is not None:
@@ -115,8 +176,9 @@ class ModelTypeConfig(BaseModel):
             if self.accelerator_type:
                 actor_options["accelerator_type"] = self.accelerator_type
         else:
-            # vLLM's Ray executor starts one worker per GPU bundle; the replica itself
-            # sits in bundle 0 and holds no GPU. STRICT_PACK keeps all shards on one node.
+            # vLLM's Ray executor starts one worker (1 GPU, 0 CPU) in each bundle that has a GPU;
+            # Serve pins the replica, which holds no GPU, to bundle 0. STRICT_PACK keeps every
+            # shard of one replica on one node (NVLink), as tensor parallelism needs.
             options["placement_group_bundles"] = self._tensor_parallel_bundles()
             options["placement_group_strategy"] = "STRICT_PACK"
         return options
@@ -139,7 +201,9 @@ class ModelTypeConfig(BaseModel):
             **self.engine_args,
         }
         if self.tensor_parallel_size > 1:
-            kwargs.setdefault("distributed_executor_backend", "ray")
+            # Left to itself vLLM counts the GPUs this replica sees (none: they are in the
+            # bundles) and refuses; the Ray executor uses the bundles instead.
+            kwargs["distributed_executor_backend"] = "ray"
         return kwargs
 
 

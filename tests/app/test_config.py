@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from app.builder import build_app
+from app.builder import build_app, build_model_type
 from app.config import ServiceConfig
 from tests.conftest import app_args
 
@@ -51,3 +51,38 @@ def test_ingress_only_app_binds_no_model_deployment():
     args = dict(app_args(), models_app="serviceai")
     ingress = build_app(args)._bound_deployment
     assert ingress.init_args[1] is None
+
+
+def test_separate_model_apps_binds_the_ingress_only_and_looks_each_type_up_by_its_name():
+    args = dict(app_args(), separate_model_apps=True)
+    ingress = build_app(args)._bound_deployment
+    assert ingress.init_args[1] is None
+    config = ingress.init_args[0]
+    assert [config.model_type_app(m.name) for m in config.model_types] == [
+        "ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"
+    ]
+    assert ServiceConfig.model_validate(app_args()).model_type_app("ServiceAi-Fast") is None
+
+
+def test_one_place_for_the_models():
+    with pytest.raises(ValidationError, match="either models_app or separate_model_apps"):
+        ServiceConfig.model_validate(dict(app_args(), models_app="x", separate_model_apps=True))
+
+
+def test_model_type_application_is_the_model_deployment_with_its_options():
+    fast = dict(app_args()["model_types"][0], max_surge_percent=25)
+    deployment = build_model_type(fast)._bound_deployment
+    assert deployment.name == "ServiceAi-Fast"
+    assert deployment._deployment_config.max_surge_percent == 25
+    assert deployment.init_args[0].name == "ServiceAi-Fast"
+
+
+def test_ingress_pinning_rollout_and_drain_options_reach_serve():
+    args = app_args()
+    args["ingress"].update(
+        resources={"serviceai_ingress": 0.001}, max_surge_percent=25, graceful_shutdown_timeout_s=600
+    )
+    ingress = build_app(args)._bound_deployment
+    assert ingress._replica_config.resource_dict == {"CPU": 0.25, "serviceai_ingress": 0.001}
+    assert ingress._deployment_config.max_surge_percent == 25
+    assert ingress._deployment_config.graceful_shutdown_timeout_s == 600

@@ -1,7 +1,9 @@
 import pytest
 from pydantic import ValidationError
 
-from deployments.config import TINY_MODEL, ModelTypeConfig
+from deployments.catalog import LOGICAL_MODEL_TYPES
+from deployments.config import TINY_MODEL, ModelTypeConfig, ray_accelerator_types
+from deployments.model_server import ModelServer
 
 
 def gpu_type(**fields) -> ModelTypeConfig:
@@ -19,6 +21,7 @@ def test_cpu_defaults():
         "health_check_period_s": 10.0,
         "health_check_timeout_s": 30.0,
         "graceful_shutdown_timeout_s": 20.0,
+        "max_surge_percent": 0,
         "ray_actor_options": {"num_cpus": 0.5},
         "num_replicas": 1,
     }
@@ -60,6 +63,37 @@ def test_tensor_parallel_uses_one_gpu_bundle_per_shard_on_one_node():
     assert kwargs["distributed_executor_backend"] == "ray"
 
 
+def test_ray_serve_accepts_the_options_and_translates_the_accelerator_as_nodes_advertise_it():
+    one_gpu = ModelServer.options(**gpu_type(accelerator_type="L4").serve_options())
+    # Ray's own translation: the resource an L4 node offers as accelerator_type:L4.
+    assert one_gpu._replica_config.resource_dict == {"CPU": 1.0, "GPU": 1.0, "accelerator_type:L4": 0.001}
+
+    sharded = ModelServer.options(**gpu_type(tensor_parallel_size=2, num_cpus=4).serve_options())
+    # Serve checked that the replica fits bundle 0, where it pins the replica.
+    assert sharded._replica_config.resource_dict == {"CPU": 4.0}
+    assert sharded._replica_config.placement_group_bundles[0]["CPU"] == 4.0
+
+
+def test_rollout_surge_and_drain_time_reach_serve():
+    options = gpu_type(max_surge_percent=25, graceful_shutdown_timeout_s=600).serve_options()
+    deployment = ModelServer.options(**options)
+    assert deployment._deployment_config.max_surge_percent == 25
+    assert deployment._deployment_config.graceful_shutdown_timeout_s == 600
+
+
+def test_catalog_types_get_their_description_and_override_variable():
+    for known in LOGICAL_MODEL_TYPES.values():
+        config = ModelTypeConfig(name=known.name)
+        assert (config.description, config.model_env) == (known.description, known.model_env)
+    # What a config says wins: production turns the environment override off.
+    assert ModelTypeConfig(name="ServiceAi-Pro", model_env=None).model_env is None
+    assert ModelTypeConfig(name="ServiceAi-Vision").model_env is None
+
+
+def test_accelerator_types_are_the_ones_ray_knows():
+    assert {"L4", "L40S", "A10G", "A100", "H100"} <= ray_accelerator_types()
+
+
 def test_engine_kwargs_name_the_logical_type_only():
     kwargs = ModelTypeConfig(name="ServiceAi-Coder", engine_args={"max_model_len": 4096}).engine_kwargs("/m")
     assert kwargs == {
@@ -85,6 +119,10 @@ def test_model_env_overrides_the_model():
         ({"autoscaling_config": {"no_such_option": 1}}, "no_such_option"),
         ({"engine_args": {"model": "x"}}, "engine_args"),
         ({"accelerator_type": "L4"}, "num_gpus_per_shard"),
+        ({"accelerator_type": "A10", "num_gpus_per_shard": 1}, "unknown accelerator_type 'A10'"),
+        ({"engine_args": {"distributed_executor_backend": "mp"}}, "distributed_executor_backend"),
+        ({"max_ongoing_requests": 65, "engine_args": {"max_num_seqs": 64}}, "exceeds the engine's max_num_seqs"),
+        ({"max_surge_percent": 101}, "max_surge_percent"),
         ({"tensor_parallel_size": 2}, "num_gpus_per_shard: 1"),
         ({"max_ongoing_requests": 0}, "max_ongoing_requests"),
         ({"surprise": True}, "surprise"),

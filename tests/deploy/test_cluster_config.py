@@ -1,0 +1,143 @@
+"""cluster.yaml: accepted by Ray's cluster launcher, and what each node type really offers."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
+from ray.autoscaler._private.util import prepare_config, validate_config
+
+from app.serve_runtime import SERVE_ENV
+from deployments.config import ray_accelerator_types
+
+# What AWS sells under these names (vCPUs, GPUs, and the device name NVML reports for them),
+# from the EC2 instance type pages. Ray derives a node's accelerator_type from the NVML name.
+INSTANCE_TYPES = {
+    "m7i.2xlarge": {"vcpus": 8, "gpus": 0},
+    "g6.xlarge": {"vcpus": 4, "gpus": 1, "nvml_name": "NVIDIA L4"},
+    "g6e.xlarge": {"vcpus": 4, "gpus": 1, "nvml_name": "NVIDIA L40S"},
+    "p5.48xlarge": {"vcpus": 192, "gpus": 8, "nvml_name": "NVIDIA H100 80GB HBM3"},
+}
+
+
+def node_types(cluster):
+    return cluster["available_node_types"]
+
+
+def worker_types(cluster):
+    return {n: t for n, t in node_types(cluster).items() if n != cluster["head_node_type"]}
+
+
+def gpu_types(cluster):
+    return {n: t for n, t in worker_types(cluster).items() if t["resources"].get("GPU")}
+
+
+def test_passes_rays_own_validation_as_ray_up_runs_it(cluster):
+    # `ray up` fills in the provider's defaults, then checks the result against Ray's
+    # cluster-config JSON schema (ray/autoscaler/ray-schema.json) and its own rules.
+    prepared = prepare_config(copy.deepcopy(cluster))
+    validate_config(prepared)
+    assert prepared["provider"]["type"] == "aws"
+
+
+def test_node_types_offer_what_their_instances_have(cluster):
+    for name, node_type in node_types(cluster).items():
+        instance = INSTANCE_TYPES[node_type["node_config"]["InstanceType"]]
+        resources = node_type["resources"]
+        assert resources["CPU"] <= instance["vcpus"], name
+        assert resources.get("GPU", 0) == instance["gpus"], name
+
+
+def test_gpu_node_types_advertise_the_accelerator_ray_detects_on_them(cluster):
+    for name, node_type in gpu_types(cluster).items():
+        instance = INSTANCE_TYPES[node_type["node_config"]["InstanceType"]]
+        detected = NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(instance["nvml_name"])
+        accelerators = [r for r in node_type["resources"] if r.startswith("accelerator_type:")]
+        assert accelerators == [f"accelerator_type:{detected}"], name
+        assert detected in ray_accelerator_types()
+
+
+def test_one_gpu_node_type_per_gpu_kind(cluster):
+    kinds = [
+        next(r for r in t["resources"] if r.startswith("accelerator_type:"))
+        for t in gpu_types(cluster).values()
+    ]
+    assert sorted(kinds) == sorted(set(kinds)) == [
+        "accelerator_type:H100", "accelerator_type:L4", "accelerator_type:L40S"
+    ]
+
+
+def test_head_runs_no_replica_and_gpu_nodes_come_and_go(cluster):
+    head = node_types(cluster)[cluster["head_node_type"]]
+    assert head["resources"] == {"CPU": 0}
+    for name, node_type in gpu_types(cluster).items():
+        assert node_type["min_workers"] == 0, name
+        assert node_type["max_workers"] > 0, name
+    assert cluster["idle_timeout_minutes"] > 0
+    assert cluster["max_workers"] == sum(t["max_workers"] for t in worker_types(cluster).values())
+
+
+def test_only_the_cpu_ingress_type_offers_the_ingress_marker(cluster):
+    offering = [n for n, t in node_types(cluster).items() if "serviceai_ingress" in t["resources"]]
+    assert offering == ["cpu_ingress"]
+    assert node_types(cluster)["cpu_ingress"]["min_workers"] >= 1
+
+
+def test_gpu_nodes_install_the_project_with_the_gpu_extra_and_cpu_nodes_without(cluster):
+    install = re.compile(r'uv pip install .*"\$HOME/serviceai(\[gpu\])?"')
+
+    def installs(commands: list[str]) -> list[str]:
+        return [m.group(0) for c in commands if (m := install.search(c))]
+
+    def with_gpu_extra(commands: list[str]) -> list[bool]:
+        return [c.endswith('[gpu]"') for c in installs(commands)]
+
+    for name, node_type in gpu_types(cluster).items():
+        assert with_gpu_extra(node_type["worker_setup_commands"]) == [True], name
+    assert with_gpu_extra(cluster["setup_commands"]) == [False]
+    assert "worker_setup_commands" not in node_types(cluster)["cpu_ingress"]
+    # The autoscaler runs on the head and launches instances through boto3.
+    assert any("boto3==" in c for c in cluster["head_setup_commands"])
+
+
+def test_every_node_runs_python_3_11_from_one_pinned_installer(cluster):
+    gpu_setups = [t["worker_setup_commands"] for t in gpu_types(cluster).values()]
+    for commands in [cluster["setup_commands"], *gpu_setups]:
+        text = "\n".join(commands)
+        assert "uv venv --python 3.11 ~/venv" in text
+        assert re.search(r"astral\.sh/uv/\d+\.\d+\.\d+/install\.sh", text)
+
+
+def test_ray_starts_with_token_auth_and_the_environment_file_everywhere(cluster):
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = next(c for c in cluster[key] if "ray start" in c)
+        assert "RAY_AUTH_MODE=token" in start
+        assert "set -a && . ~/serviceai.env && set +a" in start
+    assert cluster["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    assert cluster["file_mounts"]["~/serviceai.env"] == "~/.serviceai/production.env"
+    assert cluster["file_mounts"]["~/serviceai"] == "~/.serviceai/release"
+
+
+def test_one_ami_for_cpu_nodes_and_one_for_gpu_nodes(cluster):
+    amis = {name: t["node_config"]["ImageId"] for name, t in node_types(cluster).items()}
+    gpu = {amis[n] for n in gpu_types(cluster)}
+    cpu = {amis[n] for n in amis if n not in gpu_types(cluster)}
+    assert len(gpu) == len(cpu) == 1 and gpu != cpu
+
+
+@pytest.mark.parametrize("node_type", ["gpu_l4", "gpu_l40s", "gpu_h100"])
+def test_gpu_disks_hold_the_weights(cluster, node_type):
+    # Root volume (GB) against the checkpoint each type downloads: room for the old and the new
+    # model during a rollout, and for the venv (torch, vLLM: about 20 GB).
+    checkpoint_gb = {"gpu_l4": 3.1, "gpu_l40s": 29.6, "gpu_h100": 145.4}[node_type]
+    disk = node_types(cluster)[node_type]["node_config"]["BlockDeviceMappings"][0]["Ebs"]
+    assert disk["VolumeSize"] >= 2 * checkpoint_gb + 50
+
+
+def test_ray_starts_with_the_serve_runtime_the_benchmark_measured(cluster):
+    for commands in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = " ".join(cluster[commands])
+        for name, value in SERVE_ENV.items():
+            assert f"{name}={value}" in start, (commands, name)
