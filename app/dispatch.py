@@ -33,7 +33,10 @@ class ModelEndpoint:
     def __init__(self, name: str, handle: DeploymentHandle) -> None:
         self.name = name
         self.handle = handle
-        self._streaming = handle.options(stream=True)
+        # Our requests and chunks are plain dataclasses and tuples: C pickle instead of Serve's
+        # default cloudpickle (a Python-level pickler, paid on every streamed chunk).
+        self._whole = handle.options(request_serialization="pickle", response_serialization="pickle")
+        self._streaming = self._whole.options(stream=True)
 
     async def open_stream(
         self, request: GenerationRequest
@@ -52,7 +55,7 @@ class ModelEndpoint:
         return first, response
 
     async def complete(self, request: GenerationRequest) -> GenerationChunk:
-        response = self.handle.complete.remote(request)
+        response = self._whole.complete.remote(request)
         try:
             return await response
         except asyncio.CancelledError:

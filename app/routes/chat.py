@@ -23,6 +23,7 @@ from app.protocol import (
     Usage,
 )
 from app.sse import DONE, ChunkEncoder, error_event
+from app.streaming import coalesced
 from deployments.generation import GenerationChunk
 
 router = APIRouter()
@@ -95,16 +96,11 @@ async def _events(
     try:
         for index in range(choices):
             yield encoder.role(index)
-        chunk = first
-        while True:
-            for delta in chunk.deltas:
+        async for deltas in coalesced(first, stream):
+            for delta in deltas:
                 completion_tokens += delta.token_count
                 if delta.text or delta.finish_reason:
                     yield encoder.content(delta.index, delta.text, delta.finish_reason)
-            try:
-                chunk = await stream.__anext__()
-            except StopAsyncIteration:
-                break
         if include_usage:
             yield encoder.usage(first.prompt_tokens, completion_tokens)
         finished = True
