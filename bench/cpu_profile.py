@@ -54,12 +54,12 @@ class CpuProfile:
         }
 
 
-def _cpu_times(pid: int) -> float:
-    """CPU seconds of a process and all its descendants (the model replica's engine included)."""
+def _cpu_times(role: str, pid: int) -> float:
+    """CPU seconds of a process; for an engine role, with its workers (vLLM's compute runs there)."""
     total = 0.0
     try:
         root = psutil.Process(pid)
-        for proc in [root, *root.children(recursive=True)]:
+        for proc in [root, *(root.children(recursive=True) if role.startswith("engine") else [])]:
             times = proc.cpu_times()
             total += times.user + times.system
     except psutil.NoSuchProcess:
@@ -79,13 +79,13 @@ def cpu_profile(pids: dict[str, int], out_dir: Path) -> Iterator[CpuProfile]:
         )
         for role, pid in pids.items()
     ]
-    before = {role: _cpu_times(pid) for role, pid in pids.items()}
+    before = {role: _cpu_times(role, pid) for role, pid in pids.items()}
     started = time.monotonic()
     try:
         yield result
     finally:
         result.wall_seconds = time.monotonic() - started
-        result.cpu_seconds = {role: _cpu_times(pid) - before[role] for role, pid in pids.items()}
+        result.cpu_seconds = {role: _cpu_times(role, pid) - before[role] for role, pid in pids.items()}
         for sampler in samplers:
             sampler.send_signal(signal.SIGINT)
         for sampler in samplers:

@@ -68,6 +68,9 @@ def serving_table(summary: dict[str, Any]) -> str:
         )
     lines.append("")
     lines += [f"- {'PASS' if check(r) else 'FAIL'}: {name}" for name, check in BUDGET]
+    for run, profile in (summary.get("profile") or {}).items():
+        lines += ["", f"### Profile of {run}"]
+        lines += profile_lines(profile)
     return "\n".join(lines) + "\n"
 
 
@@ -88,7 +91,14 @@ def gateway_table(summary: dict[str, Any]) -> str:
             f"{b['median_e2el_ms']:.1f} / {o['median_e2el_ms']:.1f} | "
             f"{b['p99_e2el_ms']:.1f} / {o['p99_e2el_ms']:.1f} |"
         )
-    profile = summary.get("profile") or {}
+    for run, profile in (summary.get("profile") or {}).items():
+        lines += ["", f"### Profile of {run}"]
+        lines += profile_lines(profile)
+    return "\n".join(lines) + "\n"
+
+
+def profile_lines(profile: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     if profile:
         wall = profile["wall_seconds"]
         lines += ["", f"CPU during the profiled run ({wall} s wall), in cores:", ""]
@@ -98,7 +108,7 @@ def gateway_table(summary: dict[str, Any]) -> str:
             lines += [f"- {share:5.1f}% {stage}" for stage, share in stages.items()]
             lines += ["", f"Top functions of the {role} process (own samples):", ""]
             lines += [f"- {share:5.1f}% `{name}`" for name, share in profile["top_functions"][role]]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def serving_chart(summary: dict[str, Any], path: Path) -> None:

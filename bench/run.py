@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from bench import cpu_profile, report
-from bench.servers import PROJECT_ROOT, Server, free_port, bare_vllm, replica_pids, serviceai
+from bench.servers import (
+    PROJECT_ROOT,
+    Server,
+    bare_pids,
+    bare_vllm,
+    free_port,
+    replica_pids,
+    serviceai,
+)
 from deployments.config import tiny_model_dir
 from deployments.tiny_model import ensure
 
@@ -71,14 +79,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {m: statistics.median(r[m] for r in runs) for m in METRICS}
 
 
-def run_mode(mode: str, rounds: int) -> dict[str, Any]:
+def run_mode(mode: str, rounds: int, profile: bool) -> dict[str, Any]:
     spec = SERVING if mode == "serving" else GATEWAY
     model_dir = ensure(tiny_model_dir())
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     raw = RESULTS / "raw" / f"{stamp}-{mode}"
     raw.mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    profiles: dict[str, Any] = {}
+    profiles: dict[str, dict[str, Any]] = {}
     with ExitStack() as stack:
         bare = stack.enter_context(bare_vllm(model_dir, free_port(), raw))
         ours = stack.enter_context(serviceai(free_port(), raw, SERVE_ENV))
@@ -89,12 +97,13 @@ def run_mode(mode: str, rounds: int) -> dict[str, Any]:
                 for server in order:
                     key = "bare" if server is bare else "ours"
                     out = raw / f"{key}-c{concurrency}-r{round_}.json"
-                    profiling = mode == "gateway" and key == "ours" and round_ == 0 and concurrency > 1
-                    with cpu_profile.cpu_profile(replica_pids(ours) if profiling else {}, raw) as prof:
+                    profiling = (profile or mode == "gateway") and round_ == 0 and concurrency > 1
+                    pids = (replica_pids(ours) if key == "ours" else bare_pids(bare)) if profiling else {}
+                    with cpu_profile.cpu_profile(pids, raw) as prof:
                         result = vllm_bench(server, model_dir, concurrency, prompts,
                                             spec["input_len"], spec["output_len"], out)
                     if profiling:
-                        profiles = prof.summary()
+                        profiles[f"{key}-c{concurrency}"] = prof.summary()
                     runs.setdefault((key, concurrency), []).append(result)
                     print(f"  c={concurrency:<3} round {round_} {key:4}: "
                           f"{result['output_throughput']:8.1f} tok/s  "
@@ -114,6 +123,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("serving", "gateway"), nargs="?", default="serving")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile the serving runs (py-spy; costs some throughput)")
     parser.add_argument("--serve-env", action="append", default=[], metavar="VAR=VALUE",
                         help="extra environment of the service's Ray cluster (experiments)")
     args = parser.parse_args()
@@ -122,7 +133,7 @@ def main() -> None:
     with open(STACK_LOCK, "w") as lock:
         print(f"waiting for {STACK_LOCK} (held while a test session or benchmark runs) ...", flush=True)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        summary = run_mode(args.mode, args.rounds)
+        summary = run_mode(args.mode, args.rounds, args.profile)
     if args.mode == "serving":
         table = report.serving_table(summary)
         report.serving_chart(summary, RESULTS / "latest-serving.png")

@@ -38,6 +38,7 @@ class Server:
     api_key: str
     model: str
     ray_dir: Path | None = None  # the Ray temp dir of this server's cluster, if it runs on Ray
+    pid: int | None = None  # the server process, if it is one process tree
 
 
 def bench_model_type() -> dict[str, Any]:
@@ -102,7 +103,7 @@ def _stop(process: subprocess.Popen, owned: list[psutil.Process], grace_s: float
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
+    except (psutil.NoSuchProcess, ValueError):
         return []
 
 
@@ -111,7 +112,6 @@ def bare_vllm(model_dir: Path, port: int, log_dir: Path) -> Iterator[Server]:
     """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`)."""
     model_type = bench_model_type()
     log = log_dir / "bare-vllm.log"
-    server = Server("bare vLLM", f"http://127.0.0.1:{port}", "unused", BENCH_TYPE)
     command = [
         str(BIN / "python"), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", BENCH_TYPE,
@@ -121,6 +121,7 @@ def bare_vllm(model_dir: Path, port: int, log_dir: Path) -> Iterator[Server]:
     ]
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
+    server = Server("bare vLLM", f"http://127.0.0.1:{port}", "unused", BENCH_TYPE, pid=process.pid)
     try:
         _wait_for_chat(server, process, log, timeout_s=300)
         yield server
@@ -184,6 +185,16 @@ def _uses(process: psutil.Process, path: Path) -> bool:
         return False
 
 
+def bare_pids(server: Server) -> dict[str, int]:
+    """Pids of the bare vLLM server by role (api server, engine core), for profiling."""
+    assert server.pid is not None
+    found = {"api_server": server.pid}
+    for child in _descendants(server.pid):
+        if "EngineCore" in child.name():
+            found["engine_core"] = child.pid
+    return found
+
+
 def replica_pids(server: Server) -> dict[str, int]:
     """Pids of a ServiceAi server's Ray processes by role (ingress, model, proxy), for profiling."""
     roles = {
@@ -197,4 +208,7 @@ def replica_pids(server: Server) -> dict[str, int]:
         for role, title in roles.items():
             if cmdline.startswith(title) and server.ray_dir and _uses(proc.parent(), server.ray_dir):
                 found[role] = proc.pid
+    for child in _descendants(found.get("model", -1)):
+        if "EngineCore" in child.name():
+            found["engine_core"] = child.pid
     return found
