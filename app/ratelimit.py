@@ -1,10 +1,8 @@
 """Per-plan rate limits: checked before dispatch, charged with the engine's real usage after.
 
 Counters are `limits` fixed windows, per user and model type, in process memory (one ingress
-replica) or in Redis (shared by every replica). Admission reads and bumps all of a request's
-counters in one concurrent round through the `limits` storage API (incr/get/get_expiry on the
-keys the `FixedWindowRateLimiter` uses), because the strategy's `get_window_stats` costs two
-sequential round trips per limit. After the reply the tokens are charged with weighted hits.
+replica) or in Redis (shared by every replica); `app.counters` reads and bumps them in one round
+trip per request. After the reply its tokens are charged off the response path.
 """
 
 from __future__ import annotations
@@ -18,13 +16,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from limits import RateLimitItem, RateLimitItemPerDay, RateLimitItemPerMinute
+from limits import RateLimitItemPerDay, RateLimitItemPerMinute
 from limits.aio.storage import Storage
-from limits.aio.strategies import FixedWindowRateLimiter
 from limits.storage import storage_from_string
 from redis.asyncio import BlockingConnectionPool
 
 from app.auth import Caller
+from app.counters import Counters, charge, release, snapshot
 from app.errors import ApiError
 from app.plans import ModelTypeLimits, Plan, Plans
 
@@ -32,8 +30,6 @@ logger = logging.getLogger("serviceai")
 
 RATE_LIMITED = "rate_limit_exceeded"
 QUOTA_SPENT = "insufficient_quota"
-# A lost release (a replica that died mid-request) frees its concurrency slot after this long.
-CONCURRENCY_TTL_S = 3600
 STORAGE_RETRY_AFTER_S = 2
 FAILURE_LOG_EVERY_S = 30.0
 # Redis connections per ingress replica: admission sends six commands at once.
@@ -94,29 +90,6 @@ class Window:
         return max(0.0, self.resets_at - now)
 
 
-@dataclass(frozen=True, slots=True)
-class Counters:
-    """The storage keys and `limits` items of one user on one model type."""
-
-    requests: RateLimitItem
-    tokens: RateLimitItem
-    daily: RateLimitItem
-    ids: tuple[str, str]
-    day: str
-
-    def requests_key(self) -> str:
-        return self.requests.key_for(*self.ids, "requests")
-
-    def tokens_key(self) -> str:
-        return self.tokens.key_for(*self.ids, "tokens")
-
-    def daily_key(self) -> str:
-        return self.daily.key_for(*self.ids, self.day)
-
-    def concurrency_key(self) -> str:
-        return f"concurrent/{'/'.join(self.ids)}"
-
-
 class Admission:
     """A request let through: the headers it carries, and the charge and release after it."""
 
@@ -136,9 +109,8 @@ class Admission:
         if self._settled or self._limits is None or self._counters is None:
             return
         self._settled = True
-        self._limits.in_background(
-            self._limits.charge(self._counters, prompt_tokens + completion_tokens)
-        )
+        tokens = prompt_tokens + completion_tokens
+        self._limits.in_background(charge(self._limits.storage, self._counters, tokens))
 
 
 UNLIMITED = Admission(None, None, {})
@@ -154,13 +126,10 @@ class RateLimits:
         storage: Storage,
         *,
         fail_open: bool = True,
-        clock: Any = time.time,
     ) -> None:
         self.plans = plans
         self.storage = storage
         self.fail_open = fail_open
-        self._limiter = FixedWindowRateLimiter(storage)
-        self._clock = clock
         self._background: set[asyncio.Task[None]] = set()
         self._last_failure_log = -math.inf
 
@@ -184,7 +153,7 @@ class RateLimits:
             tokens=RateLimitItemPerMinute(limits.tokens_per_minute),
             daily=RateLimitItemPerDay(limits.tokens_per_day),
             ids=(caller.user_id, model_type),
-            day=datetime.fromtimestamp(self._clock(), UTC).date().isoformat(),
+            day=datetime.now(UTC).date().isoformat(),
         )
 
     async def admit(self, caller: Caller, model_type: str, max_tokens: int | None) -> Admission:
@@ -195,33 +164,21 @@ class RateLimits:
         """
         limits = self.plan_limits(caller.plan).on(model_type)
         counters = self._counters(caller, model_type, limits)
-        storage = self.storage
         try:
-            requests, requests_reset, tokens, tokens_reset, daily, in_flight = (
-                await asyncio.gather(
-                    storage.incr(counters.requests_key(), counters.requests.get_expiry()),
-                    storage.get_expiry(counters.requests_key()),
-                    storage.get(counters.tokens_key()),
-                    storage.get_expiry(counters.tokens_key()),
-                    storage.get(counters.daily_key()),
-                    storage.incr(counters.concurrency_key(), CONCURRENCY_TTL_S),
-                )
-            )
+            seen = await snapshot(self.storage, counters)
         except Exception as exc:  # any storage failure: Redis down, timeout, protocol error
             return self._storage_failed(exc)
-        now = self._clock()
-        # A window our own incr just opened has no expiry yet in the concurrent read.
-        if requests_reset <= now:
-            requests_reset = now + counters.requests.get_expiry()
-        request_window = Window(limits.requests_per_minute, requests, requests_reset)
-        token_window = Window(limits.tokens_per_minute, tokens, tokens_reset)
+        now = time.time()
+        request_window = Window(limits.requests_per_minute, seen.requests, seen.requests_reset)
+        token_window = Window(limits.tokens_per_minute, seen.tokens, seen.tokens_reset)
+        daily_window = Window(limits.tokens_per_day, seen.daily_tokens, _next_midnight(now))
         headers = rate_limit_headers(request_window, token_window, now)
         refusal = _refusal(
-            model_type, limits, request_window, token_window,
-            Window(limits.tokens_per_day, daily, _next_midnight(now)), in_flight, max_tokens, now,
+            model_type, limits, request_window, token_window, daily_window, seen.in_flight,
+            max_tokens, now,
         )
         if refusal is not None:
-            self.in_background(self._release(counters))
+            self.in_background(release(self.storage, counters))
             refusal.headers.update(headers)
             raise refusal
         return Admission(self, counters, headers)
@@ -242,20 +199,6 @@ class RateLimits:
             code="rate_limiter_unavailable",
             headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)},
         )
-
-    async def charge(self, counters: Counters, tokens: int) -> None:
-        """Weighted hits for the tokens used (they count even past the limit), then release."""
-        try:
-            if tokens > 0:
-                await asyncio.gather(
-                    self._limiter.hit(counters.tokens, *counters.ids, "tokens", cost=tokens),
-                    self._limiter.hit(counters.daily, *counters.ids, counters.day, cost=tokens),
-                )
-        finally:
-            await self._release(counters)
-
-    async def _release(self, counters: Counters) -> None:
-        await self.storage.incr(counters.concurrency_key(), CONCURRENCY_TTL_S, amount=-1)
 
     def in_background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run storage writes off the response path; keep a reference until they finish."""
