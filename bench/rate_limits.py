@@ -57,12 +57,15 @@ async def concurrent(limits: RateLimits, callers: list[Caller], total: int, at_o
     return total / (time.perf_counter() - started)
 
 
-async def main(redis_url: str | None, users: int, rounds: int, at_once: int) -> None:
+async def main(
+    redis_url: str | None, users: int, rounds: int, at_once: int, only_redis: bool = False
+) -> None:
     plans = Plans.model_validate({"free": {MODEL_TYPE: HIGH}})
     callers = [Caller(f"key_{i}", f"user_{i}", "free") for i in range(users)]
     print(f"python {platform.python_version()}; {os.cpu_count()} CPUs; "
           f"load average {os.getloadavg()[0]:.2f}; users {users}")
-    for name, url in (("memory", None), ("redis", redis_url)):
+    stores = [("redis", redis_url)] if only_redis else [("memory", None), ("redis", redis_url)]
+    for name, url in stores:
         storage = open_storage(url, key_prefix=f"sai-bench-{secrets.token_hex(4)}")
         limits = RateLimits(plans, storage, fail_open=False)
         await sequential(limits, callers, min(rounds, 500))  # warm up (connections, scripts)
