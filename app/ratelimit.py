@@ -32,7 +32,7 @@ RATE_LIMITED = "rate_limit_exceeded"
 QUOTA_SPENT = "insufficient_quota"
 STORAGE_RETRY_AFTER_S = 2
 FAILURE_LOG_EVERY_S = 30.0
-# Redis connections per ingress replica: admission sends six commands at once.
+# Redis connections per ingress replica; each request's pipeline holds one for a round trip.
 REDIS_CONNECTIONS = 64
 
 
