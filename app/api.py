@@ -10,16 +10,23 @@ from app.auth import KeyVerifier
 from app.dispatch import ModelRouter
 from app.errors import ApiError, install_error_handlers
 from app.keystore.errors import KeyStoreError
+from app.ratelimit import RateLimits
 from app.routes import account, admin, chat, health
 from app.routes import models as model_routes
+from app.usage_meter import UsageMeter
 
 STORE_RETRY_AFTER_S = 2
 
 
 def create_api(
-    models: ModelRouter, keys: KeyVerifier, admin_token: SecretStr | None = None
+    models: ModelRouter,
+    keys: KeyVerifier,
+    limits: RateLimits,
+    usage: UsageMeter,
+    admin_token: SecretStr | None = None,
 ) -> FastAPI:
-    """Build the HTTP API around a model router and a key verifier; /admin only with a token."""
+    """Build the HTTP API around a model router, a key verifier, the plans' rate limits and the
+    usage meter; /admin only with a token."""
     api = FastAPI(
         title="ServiceAi",
         summary="OpenAI-compatible chat completions over logical model types.",
@@ -28,6 +35,8 @@ def create_api(
     api.state.models = models
     api.state.keys = keys
     api.state.store = keys.store
+    api.state.limits = limits
+    api.state.usage = usage
     install_error_handlers(api)
     api.add_exception_handler(KeyStoreError, _store_error)
     api.include_router(health.router)

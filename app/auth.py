@@ -22,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from app.errors import ApiError
 from app.keystore import KeyOwner, KeyStore, keygen
 from app.keystore.errors import KeyStoreError
+from app.periodic import PeriodicFlush
 
 logger = logging.getLogger("serviceai")
 
@@ -125,10 +126,9 @@ class KeyVerifier:
         # Refusals get their own, smaller cache: a flood of bad keys cannot evict good ones.
         self.accepted = VerdictCache(ttl_s, max_entries, clock)
         self.refused = VerdictCache(ttl_s, max(1, max_entries // 10), clock)
-        self._flush_every_s = flush_every_s
         self._loading: dict[str, asyncio.Future[Verdict]] = {}
         self._used: dict[str, float] = {}
-        self._flusher: asyncio.Task[None] | None = None
+        self._flusher = PeriodicFlush(self.flush, flush_every_s, "last-used times")
 
     async def verify(self, token: str) -> Caller:
         if not keygen.is_well_formed(token):
@@ -164,15 +164,7 @@ class KeyVerifier:
     # Last-used times, written in batches.
 
     def start(self) -> None:
-        self._flusher = asyncio.get_running_loop().create_task(self._flush_periodically())
-
-    async def _flush_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self._flush_every_s)
-            try:
-                await self.flush()
-            except Exception as exc:  # a bug here must not stop the next rounds
-                logger.error("Writing last-used times failed: %s", type(exc).__name__)
+        self._flusher.start()
 
     async def flush(self) -> None:
         used, self._used = self._used, {}
@@ -188,10 +180,7 @@ class KeyVerifier:
                 self._used[key_id] = max(t, self._used.get(key_id, t))
 
     async def close(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            self._flusher = None
-        await self.flush()
+        await self._flusher.stop()
 
 
 def invalid_key(reason: str) -> ApiError:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from app.cli_accounts import keys, users, with_store
+from app.cli_accounts import EXIT_CODES, keys, usage, users, with_store
 from app.keystore import KeyStore
 from app.keystore.errors import UserNotFound
 from app.serve_runtime import cluster_env
@@ -24,6 +24,7 @@ from app.settings import PROJECT_ROOT
 cli = typer.Typer(help="ServiceAi: OpenAI-compatible chat completions on Ray Serve and vLLM.")
 cli.add_typer(users, name="users")
 cli.add_typer(keys, name="keys")
+cli.command("usage", epilog=EXIT_CODES)(usage)
 
 LOCAL_USER = "local@localhost"
 

@@ -1,4 +1,5 @@
-"""`serviceai users ...` and `serviceai keys ...`: manage accounts and keys in the key store.
+"""`serviceai users ...`, `serviceai keys ...` and `serviceai usage`: accounts, keys and their
+usage in the key store.
 
 Every command opens the store named by SERVICEAI_DATABASE_URL (upgrading its schema), prints a
 table or, with --json, the same JSON the admin API returns. Exit codes: 0 done, 1 refused (not
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import NoReturn, TypeVar
 
 import typer
@@ -22,6 +23,7 @@ from app.keystore.schemas import (
     ApiKey,
     ApiKeyCreate,
     IssuedApiKey,
+    UsageList,
     User,
     UserCreate,
     UserUpdate,
@@ -252,3 +254,40 @@ def revoke_key(
         return
     ttl = settings_or_exit().key_cache_ttl_s
     typer.echo(f"Revoked key {key.id} ({key.display}); every replica refuses it within {ttl:g} s.")
+
+
+def usage(
+    user: str = typer.Option(None, help="Only this user's keys (id or email)."),
+    key: str = typer.Option(None, "--key", help="Only this key (key_...)."),
+    start_date: datetime = typer.Option(
+        None, formats=["%Y-%m-%d"], help="First UTC day (default: 29 days before the last)."
+    ),
+    end_date: datetime = typer.Option(
+        None, formats=["%Y-%m-%d"], help="Last UTC day (default: today)."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Usage per key, model type and UTC day: requests, prompt and completion tokens.
+
+    Replicas write usage every SERVICEAI_USAGE_FLUSH_S seconds and when they stop.
+    """
+    start: date | None = start_date.date() if start_date else None
+    end: date | None = end_date.date() if end_date else None
+    report: UsageList = with_store(
+        lambda store: store.usage(user=user, key_id=key, start=start, end=end)
+    )
+    if as_json:
+        print_json(report)
+        return
+    rows = [
+        [str(r.date), r.user_id, r.key_id, r.model, str(r.requests), str(r.prompt_tokens),
+         str(r.completion_tokens), str(r.total_tokens)]
+        for r in report.data
+    ]
+    table(["DATE", "USER", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "TOTAL"], rows)
+    totals = [sum(getattr(r, f) for r in report.data)
+              for f in ("requests", "prompt_tokens", "completion_tokens", "total_tokens")]
+    typer.echo(
+        f"{report.start_date} to {report.end_date}: {totals[0]} requests, {totals[1]} prompt + "
+        f"{totals[2]} completion = {totals[3]} tokens."
+    )

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.keystore.schemas import DEFAULT_PLAN
+from app.plans import Plans
 from deployments.config import AutoscalingOptions, ModelTypeConfig
 
 
@@ -73,6 +75,10 @@ class ServiceConfig(BaseModel):
         "deploying them here: an extra ingress (another database, more replicas) over the "
         "same engines.",
     )
+    plans: Plans = Field(
+        description="Rate limits and daily quotas by plan name, then by model type. A user's plan "
+        f"is named in the key store; '{DEFAULT_PLAN}' (the plan of a new user) must be here.",
+    )
     separate_model_apps: bool = Field(
         False,
         description="Each model type runs as its own application, named after the type and "
@@ -85,6 +91,13 @@ class ServiceConfig(BaseModel):
     def _one_place_for_the_models(self) -> ServiceConfig:
         if self.models_app is not None and self.separate_model_apps:
             raise ValueError("set either models_app or separate_model_apps, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _plans_cover_the_model_types(self) -> ServiceConfig:
+        self.plans.check_covers([m.name for m in self.model_types])
+        if self.plans.get(DEFAULT_PLAN) is None:
+            raise ValueError(f"plans must include '{DEFAULT_PLAN}', the plan of a new user")
         return self
 
     def deploys_model_types(self) -> bool:

@@ -15,7 +15,9 @@ from app.auth import KeyVerifier
 from app.config import ServiceConfig
 from app.dispatch import ModelRouter
 from app.keystore import open_store
+from app.ratelimit import RateLimits, open_storage
 from app.settings import get_settings
+from app.usage_meter import UsageMeter
 
 logger = logging.getLogger("serviceai")
 
@@ -45,12 +47,27 @@ class Ingress:
             flush_every_s=settings.last_used_flush_s,
         )
         self._keys.start()
+        redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
+        self._limits = RateLimits(
+            config.plans,
+            open_storage(
+                redis_url, key_prefix=settings.redis_key_prefix, timeout_s=settings.redis_timeout_s
+            ),
+            fail_open=settings.rate_limit_fail_open,
+        )
+        self._usage = UsageMeter(store, flush_every_s=settings.usage_flush_s)
+        self._usage.start()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_api(self._router, self._keys, self._settings.admin_token)
+        return create_api(
+            self._router, self._keys, self._limits, self._usage, self._settings.admin_token
+        )
 
     async def __del__(self) -> None:
-        """Serve's graceful shutdown: write the last-used times still in memory."""
+        """Serve's graceful shutdown: write the last-used times and usage still in memory."""
+        if hasattr(self, "_usage"):
+            await self._limits.close()
+            await self._usage.close()
         if hasattr(self, "_keys"):
             await self._keys.close()
             await self._keys.store.database.close()

@@ -56,6 +56,29 @@ class Settings(BaseSettings):
         15.0, gt=0, description="How often a replica writes the keys' last-used times, batched."
     )
     max_keys_per_user: int = Field(50, ge=1, description="Active keys one user may hold.")
+    redis_url: SecretStr | None = Field(
+        None,
+        description="Rate-limit counters in Redis (redis://[:password@]host:6379/0 or rediss://), "
+        "shared by every ingress replica. Unset: in each replica's memory. Secret: it may carry "
+        "a password.",
+    )
+    redis_key_prefix: str = Field(
+        "serviceai", min_length=1, description="Prefix of every Redis key the service writes."
+    )
+    redis_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        description="How long a rate-limit storage call may wait (for a connection, to connect, "
+        "for the reply) before Redis counts as unreachable.",
+    )
+    rate_limit_fail_open: bool = Field(
+        True,
+        description="When the rate-limit storage cannot be reached: serve without limits and log "
+        "a warning (true, the default), or refuse with 503 (false).",
+    )
+    usage_flush_s: float = Field(
+        15.0, gt=0, description="How often a replica writes its usage counts, batched."
+    )
     public_base_url: str = Field(
         "http://127.0.0.1:8000/v1", description="The base URL clients use; shown in messages."
     )
@@ -71,6 +94,15 @@ class Settings(BaseSettings):
                 "(drivers: sqlite+aiosqlite, postgresql+asyncpg)"
             )
         return SecretStr(f"{_DRIVERS[scheme]}://{rest}")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        if not value.get_secret_value().startswith(("redis://", "rediss://")):
+            raise ValueError("must be a redis://HOST:PORT/DB or rediss://HOST:PORT/DB URL")
+        return value
 
     @field_validator("admin_token")
     @classmethod

@@ -28,6 +28,10 @@ from app.settings import Settings
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
 BENCH_TYPE = "ServiceAi-Fast"
+BENCH_LIMITS = {
+    "requests_per_minute": 10**9, "tokens_per_minute": 10**12,
+    "concurrent_requests": 10**6, "tokens_per_day": 10**15,
+}
 BIN = Path(sys.executable).parent
 
 
@@ -136,6 +140,8 @@ def serviceai(port: int, log_dir: Path, extra_env: dict[str, str]) -> Iterator[S
     config["http_options"]["port"] = port
     [app] = config["applications"]
     app["args"]["model_types"] = [bench_model_type()]
+    # Every request still passes the rate-limit check (its cost is measured), never refused.
+    app["args"]["plans"] = {"free": {BENCH_TYPE: BENCH_LIMITS}}
     ray_tmp = Path(tempfile.mkdtemp(prefix="saib-", dir="/tmp"))
     config_path = ray_tmp / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))

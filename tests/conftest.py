@@ -159,6 +159,7 @@ def stack_lock() -> Iterator[None]:
 
 
 STACK_KEY_CACHE_TTL_S = 3.0
+STACK_USAGE_FLUSH_S = 1.0
 
 
 @pytest.fixture(scope="session")
@@ -177,6 +178,7 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     os.environ["SERVICEAI_DATABASE_URL"] = database_url
     os.environ["SERVICEAI_ADMIN_TOKEN"] = admin_token
     os.environ["SERVICEAI_KEY_CACHE_TTL_S"] = str(STACK_KEY_CACHE_TTL_S)
+    os.environ["SERVICEAI_USAGE_FLUSH_S"] = str(STACK_USAGE_FLUSH_S)
     os.environ["HF_HUB_OFFLINE"] = "1"  # no hub on these machines: fail fast, never hang
     # The same Ray Serve runtime as `make run` and production, with this session's own HAProxy.
     runtime = cluster_env(ray_dir / "h", stats_port=free_port(), metrics_port=free_port())
@@ -209,7 +211,8 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     finally:
         serve.shutdown()
         ray.shutdown()
-        for name in ("SERVICEAI_DATABASE_URL", "SERVICEAI_ADMIN_TOKEN", "SERVICEAI_KEY_CACHE_TTL_S", *runtime):
+        for name in ("SERVICEAI_DATABASE_URL", "SERVICEAI_ADMIN_TOKEN", "SERVICEAI_KEY_CACHE_TTL_S",
+                     "SERVICEAI_USAGE_FLUSH_S", *runtime):
             os.environ.pop(name, None)
         shutil.rmtree(ray_dir, ignore_errors=True)
         shutil.rmtree(store_dir, ignore_errors=True)
@@ -241,11 +244,12 @@ def _wait_until_every_type_answers(origin: str, api_key: str, timeout_s: float =
 
 
 async def _first_key(database_url: str) -> str:
-    """A user and a key made through the real store, as `serviceai users create` would."""
+    """A user and a key made through the real store, as `serviceai users create` would. The
+    user is on the pro plan: the suite calls Pro and Coder more than 10 times a minute."""
     database = await Database.open(database_url)
     try:
         store = KeyStore(database)
-        user = await store.create_user("e2e@serviceai.test")
+        user = await store.create_user("e2e@serviceai.test", plan="pro")
         return (await store.create_key(user.id, "e2e")).key
     finally:
         await database.close()

@@ -7,6 +7,7 @@ Times are Unix seconds, as in the rest of the OpenAI format. A key's secret appe
 from __future__ import annotations
 
 import re
+import datetime as dt
 from datetime import datetime
 from typing import Annotated, Generic, Literal, TypeVar
 
@@ -114,3 +115,35 @@ class ApiKeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: KeyName | None = None
+
+
+class UsageRecord(BaseModel):
+    """What one key used of one model type on one UTC day (its replies' `usage`, summed)."""
+
+    object: Literal["usage"] = "usage"
+    date: dt.date = Field(description="The UTC day, YYYY-MM-DD.")
+    user_id: str
+    key_id: str
+    model: str = Field(description="The model type, e.g. ServiceAi-Pro.")
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class UsageList(BaseModel):
+    """Usage between two UTC days (both included), by day, then key, then model type."""
+
+    object: Literal["list"] = "list"
+    start_date: dt.date
+    end_date: dt.date
+    data: list[UsageRecord]
+
+
+class UsageTotals(BaseModel):
+    """One model type's usage summed over a day and over all of a user's keys."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from sqlalchemy import Select, bindparam, func, or_, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
@@ -20,8 +20,27 @@ from app.keystore.errors import (
     UserExists,
     UserNotFound,
 )
-from app.keystore.schemas import DEFAULT_PLAN, ApiKey, IssuedApiKey, Page, User, unix
-from app.keystore.tables import ApiKeyRow, UserRow
+from app.keystore.schemas import (
+    DEFAULT_PLAN,
+    ApiKey,
+    IssuedApiKey,
+    Page,
+    UsageList,
+    UsageTotals,
+    User,
+    unix,
+)
+from app.keystore.tables import ApiKeyRow, DailyUsageRow, UserRow
+from app.keystore.usage import (
+    UsageCount,
+    UsageKey,
+    add_rows,
+    add_statement,
+    default_range,
+    record_of,
+    today,
+    usage_query,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +194,58 @@ class KeyStore:
             await connection.execute(
                 statement, [{"key_id": k, "used_at": t} for k, t in used.items()]
             )
+
+    # Usage
+
+    async def record_usage(self, counts: Mapping[UsageKey, UsageCount]) -> None:
+        """Add many keys' usage to their day's rows, in one statement."""
+        if not counts:
+            return
+        async with self.database.transaction() as session:
+            connection = await session.connection()
+            await connection.execute(add_statement(self.database.dialect), add_rows(counts))
+
+    async def usage(
+        self,
+        *,
+        user: str | None = None,
+        key_id: str | None = None,
+        start: date | None = None,
+        end: date | None = None,
+    ) -> UsageList:
+        """Usage per key, model type and UTC day, from `start` to `end` (both included; by
+        default the last 30 days), of everyone, of one user (id or email) or of one key.
+
+        The CLI, the admin API and the account API all read usage through this method.
+        """
+        start, end = default_range(start, end)
+        if start > end:
+            raise KeyStoreError(
+                f"start_date {start} is after end_date {end}.", param="start_date"
+            )
+        query = usage_query(start, end)
+        async with self.database.transaction() as session:
+            if user is not None:
+                query = query.where(ApiKeyRow.user_id == (await _find_user(session, user)).id)
+            if key_id is not None:
+                query = query.where(DailyUsageRow.key_id == key_id)
+            rows = (await session.execute(query)).all()
+        return UsageList(
+            start_date=start, end_date=end, data=[record_of(row, owner) for row, owner in rows]
+        )
+
+    async def usage_today(self, user: str) -> dict[str, UsageTotals]:
+        """A user's usage today (UTC) per model type, all their keys together, as written so
+        far (replicas write every SERVICEAI_USAGE_FLUSH_S). Types unused today are absent."""
+        day = today()
+        totals: dict[str, UsageTotals] = {}
+        for record in (await self.usage(user=user, start=day, end=day)).data:
+            total = totals.setdefault(record.model, UsageTotals())
+            total.requests += record.requests
+            total.prompt_tokens += record.prompt_tokens
+            total.completion_tokens += record.completion_tokens
+            total.total_tokens += record.total_tokens
+        return totals
 
 
 async def _find_user(session: AsyncSession, user: str) -> UserRow:

@@ -1,13 +1,10 @@
-"""The tables of the key store (SQLAlchemy ORM). Alembic revisions in migrations/ create them.
-
-Later tables (usage per key, per model type, per day) join `api_keys.id` the same way.
-"""
+"""The tables of the key store (SQLAlchemy ORM). Alembic revisions in migrations/ create them."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
-from sqlalchemy import DateTime, ForeignKey, MetaData, String, TypeDecorator
+from sqlalchemy import BigInteger, Date, DateTime, ForeignKey, MetaData, String, TypeDecorator
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -64,3 +61,16 @@ class ApiKeyRow(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     last_used_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
+class DailyUsageRow(Base):
+    """What one key used of one model type on one UTC day; replicas add to it in batches."""
+
+    __tablename__ = "daily_usage"
+
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), primary_key=True)
+    model_type: Mapped[str] = mapped_column(String(64), primary_key=True)
+    day: Mapped[date] = mapped_column(Date(), primary_key=True, index=True)
+    requests: Mapped[int] = mapped_column(BigInteger())
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger())
+    completion_tokens: Mapped[int] = mapped_column(BigInteger())

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 from fastapi import APIRouter, Depends, Query, Request
 
 from app.auth import Caller, authenticate
-from app.keystore.schemas import MAX_PAGE, ApiKey, ApiKeyCreate, IssuedApiKey, Page, User
+from app.keystore.schemas import (
+    MAX_PAGE,
+    ApiKey,
+    ApiKeyCreate,
+    IssuedApiKey,
+    Page,
+    UsageList,
+    User,
+)
 from app.protocol import ErrorResponse
 
 router = APIRouter(
@@ -47,3 +57,16 @@ async def revoke_key(
     revoked = await request.app.state.store.revoke_key(key_id, owner_id=caller.user_id)
     request.app.state.keys.forget(key_id=key_id)
     return revoked
+
+
+@router.get("/usage", response_model=UsageList)
+async def get_usage(
+    request: Request,
+    caller: Caller = Depends(authenticate),
+    start_date: date | None = Query(None, description="First UTC day (default: 29 days back)."),
+    end_date: date | None = Query(None, description="Last UTC day (default: today)."),
+) -> UsageList:
+    """The caller's usage per key, model type and UTC day (written every few seconds)."""
+    return await request.app.state.store.usage(
+        user=caller.user_id, start=start_date, end=end_date
+    )

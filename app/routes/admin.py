@@ -6,6 +6,7 @@ Mounted only when SERVICEAI_ADMIN_TOKEN is set; without it the admin API does no
 from __future__ import annotations
 
 import hmac
+from datetime import date
 
 from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -19,6 +20,7 @@ from app.keystore.schemas import (
     ApiKeyCreate,
     IssuedApiKey,
     Page,
+    UsageList,
     User,
     UserCreate,
     UserUpdate,
@@ -61,8 +63,21 @@ def _keys(request: Request) -> KeyVerifier:
     return request.app.state.keys
 
 
+def _offered(request: Request, plan: str | None) -> None:
+    """A 400 naming the configured plans when `plan` is not one of them."""
+    plans = request.app.state.limits.plans
+    if plan is not None and plans.get(plan) is None:
+        raise ApiError(
+            400,
+            f"There is no plan '{plan}'. Plans: {', '.join(plans.names)} (serve_config.yaml).",
+            param="plan",
+            code="unknown_plan",
+        )
+
+
 @router.post("/users", status_code=201, response_model=User)
 async def create_user(body: UserCreate, request: Request) -> User:
+    _offered(request, body.plan)
     return await _store(request).create_user(body.email, body.plan)
 
 
@@ -84,6 +99,7 @@ async def get_user(user: str, request: Request) -> User:
 @router.patch("/users/{user}", response_model=User)
 async def update_user(user: str, body: UserUpdate, request: Request) -> User:
     """Change the plan, or disable (and enable) the user: a disabled user's keys stop working."""
+    _offered(request, body.plan)
     updated = await _store(request).update_user(user, plan=body.plan, disabled=body.disabled)
     _keys(request).forget(user_id=updated.id)
     return updated
@@ -111,3 +127,15 @@ async def revoke_key(key_id: str, request: Request) -> ApiKey:
     revoked = await _store(request).revoke_key(key_id)
     _keys(request).forget(key_id=key_id)
     return revoked
+
+
+@router.get("/usage", response_model=UsageList)
+async def get_usage(
+    request: Request,
+    user: str | None = Query(None, description="Only this user's keys (id or email)."),
+    key_id: str | None = Query(None, description="Only this key."),
+    start_date: date | None = Query(None, description="First UTC day (default: 29 days back)."),
+    end_date: date | None = Query(None, description="Last UTC day (default: today)."),
+) -> UsageList:
+    """Usage per key, model type and UTC day: requests, prompt and completion tokens."""
+    return await _store(request).usage(user=user, key_id=key_id, start=start_date, end=end_date)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from ray.serve.handle import DeploymentResponseGenerator
 from sse_starlette import EventSourceResponse
 
 from app.auth import Caller, authenticate
 from app.dispatch import ModelEndpoint, ModelRouter
+from app.errors import ApiError
 from app.protocol import (
     AssistantMessage,
     ChatCompletion,
@@ -22,6 +23,7 @@ from app.protocol import (
     ErrorResponse,
     Usage,
 )
+from app.ratelimit import RateLimits
 from app.sse import DONE, ChunkEncoder, error_event
 from app.streaming import coalesced
 from deployments.generation import GenerationChunk
@@ -49,24 +51,50 @@ _ERRORS = {
     },
 )
 async def create_chat_completion(
-    body: ChatCompletionRequest, request: Request, caller: Caller = Depends(authenticate)
+    body: ChatCompletionRequest,
+    request: Request,
+    response: Response,
+    caller: Caller = Depends(authenticate),
 ):
     models: ModelRouter = request.app.state.models
     endpoint = models.resolve(body.model)
+    limits: RateLimits = request.app.state.limits
+    reply_tokens = None if body.reply_limit is None else body.reply_limit * (body.n or 1)
+    admission = await limits.admit(caller, endpoint.name, reply_tokens)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = body.to_generation(completion_id)
     created = int(time.time())
 
-    if body.stream:
-        first, stream = await endpoint.open_stream(generation)
-        encoder = ChunkEncoder(completion_id, created, endpoint.name, body.include_usage)
-        return EventSourceResponse(
-            _events(encoder, endpoint, first, stream, body.n or 1, body.include_usage),
-            sep="\n",
-            ping=SSE_PING_S,
+    def done(prompt_tokens: int, completion_tokens: int) -> None:
+        """The engine's real usage, charged to the rate limits and metered for the key."""
+        admission.settle(prompt_tokens, completion_tokens)
+        request.app.state.usage.record(
+            caller.key_id, endpoint.name, prompt_tokens, completion_tokens
         )
 
-    result = await endpoint.complete(generation)
+    try:
+        if body.stream:
+            first, stream = await endpoint.open_stream(generation)
+        else:
+            result = await endpoint.complete(generation)
+    except BaseException as error:
+        admission.settle(0, 0)  # no reply, nothing to charge: only the concurrency slot is freed
+        if isinstance(error, ApiError):
+            error.headers.update(admission.headers)
+        raise
+
+    if body.stream:
+        encoder = ChunkEncoder(completion_id, created, endpoint.name, body.include_usage)
+        return EventSourceResponse(
+            _events(encoder, endpoint, first, stream, body.n or 1, body.include_usage, done),
+            sep="\n",
+            ping=SSE_PING_S,
+            headers=admission.headers,
+        )
+
+    completion_tokens = sum(d.token_count for d in result.deltas)
+    done(result.prompt_tokens, completion_tokens)
+    response.headers.update(admission.headers)
     return ChatCompletion(
         id=completion_id,
         created=created,
@@ -79,7 +107,7 @@ async def create_chat_completion(
             )
             for d in result.deltas
         ],
-        usage=_usage(result.prompt_tokens, sum(d.token_count for d in result.deltas)),
+        usage=_usage(result.prompt_tokens, completion_tokens),
     )
 
 
@@ -90,6 +118,7 @@ async def _events(
     stream: DeploymentResponseGenerator,
     choices: int,
     include_usage: bool,
+    done: Callable[[int, int], None],
 ) -> AsyncIterator[str]:
     completion_tokens = 0
     finished = False
@@ -113,6 +142,8 @@ async def _events(
         if not finished:
             # The client went away: free the engine at once rather than generate for nobody.
             stream.cancel()
+        # Whatever the engine produced counts, a stream the client cut off included.
+        done(first.prompt_tokens, completion_tokens)
     yield DONE
 
 

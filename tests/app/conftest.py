@@ -13,6 +13,10 @@ from app.api import create_api
 from app.auth import KeyVerifier
 from app.dispatch import ModelRouter
 from app.keystore import KeyStore
+from app.plans import Plans
+from app.ratelimit import RateLimits, open_storage
+from app.usage_meter import UsageMeter
+from tests.conftest import app_args
 
 ADMIN_TOKEN = secrets.token_urlsafe(32)
 
@@ -21,10 +25,21 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def shipped_limits() -> RateLimits:
+    """The plans of serve_config.yaml, counted in memory."""
+    return RateLimits(Plans.model_validate(app_args()["plans"]), open_storage(None))
+
+
 @pytest.fixture
 async def api(store: KeyStore) -> AsyncIterator[httpx.AsyncClient]:
     """The ServiceAi API (no model types) with the admin API on."""
-    app = create_api(ModelRouter({}, created=0), KeyVerifier(store), SecretStr(ADMIN_TOKEN))
+    app = create_api(
+        ModelRouter({}, created=0),
+        KeyVerifier(store),
+        shipped_limits(),
+        UsageMeter(store),
+        SecretStr(ADMIN_TOKEN),
+    )
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         yield client

@@ -6,7 +6,8 @@ import pytest
 from app.api import create_api
 from app.auth import KeyVerifier
 from app.dispatch import ModelRouter
-from tests.app.conftest import ADMIN_TOKEN, bearer
+from app.usage_meter import UsageMeter
+from tests.app.conftest import ADMIN_TOKEN, bearer, shipped_limits
 from tests.conftest import error_of
 
 
@@ -23,7 +24,9 @@ async def create_key(admin, user: str, name: str | None = None) -> dict:
 
 
 async def test_without_an_admin_token_the_admin_api_does_not_exist(store):
-    app = create_api(ModelRouter({}, created=0), KeyVerifier(store), admin_token=None)
+    app = create_api(
+        ModelRouter({}, created=0), KeyVerifier(store), shipped_limits(), UsageMeter(store)
+    )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         response = await client.get("/admin/users", headers=bearer(ADMIN_TOKEN))
         assert error_of(response, 404)["code"] == "unknown_url"

@@ -1,6 +1,8 @@
 """`serviceai users ...` and `serviceai keys ...` against a real store (SQLite and PostgreSQL)."""
 
+import asyncio
 import json
+from datetime import date
 
 import pytest
 from typer.main import get_command
@@ -8,7 +10,8 @@ from typer.testing import CliRunner
 
 from app.cli import cli
 from app.cli_accounts import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
-from app.keystore import keygen
+from app.keystore import Database, KeyStore, keygen
+from app.keystore.usage import UsageCount, UsageKey
 from app.settings import get_settings
 
 
@@ -132,3 +135,34 @@ async def test_make_run_leaves_a_store_with_users_alone(store):
     await store.create_user("ops@example.com")
     assert await _first_start_key(store) == (None, "<your email>")
     assert [u.email for u in (await store.list_users()).data] == ["ops@example.com"]
+
+
+def test_usage_shows_the_same_json_as_the_admin_api_and_a_table(serviceai, database_url):
+    ada = json_of(
+        serviceai("users", "create", "--email", "ada@example.com", "--with-key", "--json")
+    )
+    key_id = ada["key"]["id"]
+
+    async def record() -> None:
+        database = await Database.open(database_url)
+        try:
+            usage = {UsageKey(key_id, "ServiceAi-Pro", date(2026, 11, 20)): UsageCount(3, 30, 12)}
+            await KeyStore(database).record_usage(usage)
+        finally:
+            await database.close()
+
+    asyncio.run(record())
+    report = json_of(serviceai("usage", "--user", "ada@example.com", "--start-date", "2026-11-20",
+                               "--end-date", "2026-11-20", "--json"))
+    assert report["data"] == [{
+        "object": "usage", "date": "2026-11-20", "user_id": ada["user"]["id"], "key_id": key_id,
+        "model": "ServiceAi-Pro", "requests": 3, "prompt_tokens": 30, "completion_tokens": 12,
+        "total_tokens": 42,
+    }]
+    code, out, _ = serviceai(
+        "usage", "--key", key_id, "--start-date", "2026-11-01", "--end-date", "2026-11-30"
+    )
+    assert code == 0 and "ServiceAi-Pro" in out
+    assert "3 requests, 30 prompt + 12 completion = 42 tokens" in out
+    code, _, err = serviceai("usage", "--start-date", "2026-11-21", "--end-date", "2026-11-20")
+    assert code == EXIT_REFUSED and "after" in err

@@ -1,0 +1,302 @@
+"""Per-plan rate limits: checked before dispatch, charged with the engine's real usage after.
+
+Counters are `limits` fixed windows, per user and model type, in process memory (one ingress
+replica) or in Redis (shared by every replica); `app.counters` reads and bumps them in one round
+trip per request. After the reply its tokens are charged off the response path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from limits import RateLimitItemPerDay, RateLimitItemPerMinute
+from limits.aio.storage import Storage
+from limits.storage import storage_from_string
+from redis.asyncio import BlockingConnectionPool
+
+from app.auth import Caller
+from app.counters import Counters, charge, release, snapshot
+from app.errors import ApiError
+from app.plans import ModelTypeLimits, Plan, Plans
+
+logger = logging.getLogger("serviceai")
+
+RATE_LIMITED = "rate_limit_exceeded"
+QUOTA_SPENT = "insufficient_quota"
+STORAGE_RETRY_AFTER_S = 2
+FAILURE_LOG_EVERY_S = 30.0
+# Redis connections per ingress replica; each request's pipeline holds one for a round trip.
+REDIS_CONNECTIONS = 64
+
+
+def open_storage(
+    redis_url: str | None, *, key_prefix: str = "serviceai", timeout_s: float = 2.0
+) -> Storage:
+    """Process memory without a URL; Redis (redis-py's asyncio client) with one.
+
+    The pool is bounded (a burst queues for a connection rather than opening hundreds), and
+    every wait, connect and reply gives up after `timeout_s`.
+    """
+    if redis_url is None:
+        return storage_from_string("async+memory://")
+    pool = BlockingConnectionPool.from_url(
+        redis_url,
+        max_connections=REDIS_CONNECTIONS,
+        timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+    )
+    return storage_from_string(
+        f"async+{redis_url}",
+        implementation="redispy",
+        key_prefix=key_prefix,
+        wrap_exceptions=True,
+        connection_pool=pool,
+    )
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's reset format: '0s', '20s', '6m0s', '1h2m3s' (whole seconds, rounded up)."""
+    total = max(0, math.ceil(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One counter as admission saw it: its limit, what is left and when it starts over."""
+
+    limit: int
+    used: int
+    resets_at: float
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.limit - self.used)
+
+    def resets_in(self, now: float) -> float:
+        return max(0.0, self.resets_at - now)
+
+
+class Admission:
+    """A request let through: the headers it carries, and the charge and release after it."""
+
+    def __init__(
+        self,
+        limits: RateLimits | None,
+        counters: Counters | None,
+        headers: dict[str, str],
+    ) -> None:
+        self._limits = limits
+        self._counters = counters
+        self.headers = headers
+        self._settled = False
+
+    def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Charge the tokens the engine reported and free the concurrency slot (once)."""
+        if self._settled or self._limits is None or self._counters is None:
+            return
+        self._settled = True
+        tokens = prompt_tokens + completion_tokens
+        self._limits.in_background(charge(self._limits.storage, self._counters, tokens))
+
+
+UNLIMITED = Admission(None, None, {})
+"""What a request gets when the limiter's storage is down and the service fails open."""
+
+
+class RateLimits:
+    """The plans and their counters; kept in `app.state.limits`."""
+
+    def __init__(
+        self,
+        plans: Plans,
+        storage: Storage,
+        *,
+        fail_open: bool = True,
+    ) -> None:
+        self.plans = plans
+        self.storage = storage
+        self.fail_open = fail_open
+        self._background: set[asyncio.Task[None]] = set()
+        self._last_failure_log = -math.inf
+
+    def plan_limits(self, plan: str) -> Plan:
+        """The limits of a plan by model type (what a console shows); 403 for an unknown plan."""
+        found = self.plans.get(plan)
+        if found is None:
+            logger.error("A user's plan %r is not configured; plans: %s", plan, self.plans.names)
+            raise ApiError(
+                403,
+                f"Your account's plan '{plan}' is not offered by this service "
+                f"(plans: {', '.join(self.plans.names)}). Contact support to change your plan.",
+                type="invalid_request_error",
+                code="unknown_plan",
+            )
+        return found
+
+    def _counters(self, caller: Caller, model_type: str, limits: ModelTypeLimits) -> Counters:
+        return Counters(
+            requests=RateLimitItemPerMinute(limits.requests_per_minute),
+            tokens=RateLimitItemPerMinute(limits.tokens_per_minute),
+            daily=RateLimitItemPerDay(limits.tokens_per_day),
+            ids=(caller.user_id, model_type),
+            day=datetime.now(UTC).date().isoformat(),
+        )
+
+    async def admit(self, caller: Caller, model_type: str, max_tokens: int | None) -> Admission:
+        """Count the request and take a concurrency slot, or refuse it with a 429.
+
+        `max_tokens` (the most completion tokens the reply may take, all choices together)
+        above what is left of the token budget or the daily quota is refused up front.
+        """
+        limits = self.plan_limits(caller.plan).on(model_type)
+        counters = self._counters(caller, model_type, limits)
+        try:
+            seen = await snapshot(self.storage, counters)
+        except Exception as exc:  # any storage failure: Redis down, timeout, protocol error
+            return self._storage_failed(exc)
+        now = time.time()
+        request_window = Window(limits.requests_per_minute, seen.requests, seen.requests_reset)
+        token_window = Window(limits.tokens_per_minute, seen.tokens, seen.tokens_reset)
+        daily_window = Window(limits.tokens_per_day, seen.daily_tokens, _next_midnight(now))
+        headers = rate_limit_headers(request_window, token_window, now)
+        refusal = _refusal(
+            model_type, limits, request_window, token_window, daily_window, seen.in_flight,
+            max_tokens, now,
+        )
+        if refusal is not None:
+            self.in_background(release(self.storage, counters))
+            refusal.headers.update(headers)
+            raise refusal
+        return Admission(self, counters, headers)
+
+    def _storage_failed(self, exc: Exception) -> Admission:
+        now = time.monotonic()
+        if now - self._last_failure_log >= FAILURE_LOG_EVERY_S:
+            self._last_failure_log = now
+            action = "serving without limits" if self.fail_open else "refusing requests (503)"
+            logger.warning("Rate-limit storage unreachable (%s): %s", type(exc).__name__, action)
+        if self.fail_open:
+            return UNLIMITED
+        raise ApiError(
+            503,
+            "Rate limits cannot be checked right now, so the request was not served. "
+            f"Retry in {STORAGE_RETRY_AFTER_S} s.",
+            type="server_error",
+            code="rate_limiter_unavailable",
+            headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)},
+        )
+
+    def in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run storage writes off the response path; keep a reference until they finish."""
+        task = asyncio.get_running_loop().create_task(self._logged(work))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _logged(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except Exception as exc:
+            logger.warning("Rate-limit storage write failed: %s", type(exc).__name__)
+
+    async def close(self) -> None:
+        """Wait for the writes still running (charges of the last replies)."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def rate_limit_headers(requests: Window, tokens: Window, now: float) -> dict[str, str]:
+    return {
+        "x-ratelimit-limit-requests": str(requests.limit),
+        "x-ratelimit-remaining-requests": str(requests.remaining),
+        "x-ratelimit-reset-requests": duration(requests.resets_in(now)),
+        "x-ratelimit-limit-tokens": str(tokens.limit),
+        "x-ratelimit-remaining-tokens": str(tokens.remaining),
+        "x-ratelimit-reset-tokens": duration(tokens.resets_in(now)),
+    }
+
+
+def _next_midnight(now: float) -> float:
+    today = datetime.fromtimestamp(now, UTC).date()
+    return datetime(today.year, today.month, today.day, tzinfo=UTC).timestamp() + 86400
+
+
+def _retry_after(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))
+
+
+def _too_many(kind: str, message: str, retry_in: float) -> ApiError:
+    return ApiError(
+        429,
+        f"{message} Retry in {_retry_after(retry_in)} s.",
+        type=kind,
+        code=RATE_LIMITED,
+        headers={"Retry-After": _retry_after(retry_in)},
+    )
+
+
+def _refusal(
+    model_type: str,
+    limits: ModelTypeLimits,
+    requests: Window,
+    tokens: Window,
+    daily: Window,
+    in_flight: int,
+    max_tokens: int | None,
+    now: float,
+) -> ApiError | None:
+    """The 429 this request gets, if any: quota first (no retry helps), then the rates."""
+    if daily.remaining <= 0 or (max_tokens is not None and max_tokens > daily.remaining):
+        asked = "" if daily.remaining <= 0 else f" The reply may take {max_tokens} (max_tokens)."
+        return ApiError(
+            429,
+            f"You exceeded your daily token quota for {model_type}: {daily.remaining} of "
+            f"{limits.tokens_per_day} tokens left today (UTC).{asked} The quota resets at "
+            "00:00 UTC. Upgrade your plan for a larger quota.",
+            type="insufficient_quota",
+            code=QUOTA_SPENT,
+            headers={"x-should-retry": "false"},
+        )
+    if requests.used > requests.limit:
+        return _too_many(
+            "requests",
+            f"Rate limit reached for {model_type} on requests per minute: limit "
+            f"{requests.limit}.",
+            requests.resets_in(now),
+        )
+    if in_flight > limits.concurrent_requests:
+        return _too_many(
+            "requests",
+            f"Rate limit reached for {model_type} on concurrent requests: limit "
+            f"{limits.concurrent_requests} at once. Wait for one to finish.",
+            1,
+        )
+    if tokens.remaining <= 0:
+        return _too_many(
+            "tokens",
+            f"Rate limit reached for {model_type} on tokens per minute: limit {tokens.limit}, "
+            f"used {tokens.used}.",
+            tokens.resets_in(now),
+        )
+    if max_tokens is not None and max_tokens > tokens.remaining:
+        return _too_many(
+            "tokens",
+            f"Rate limit reached for {model_type} on tokens per minute: the reply may take "
+            f"{max_tokens} tokens (max_tokens), more than the {tokens.remaining} of "
+            f"{tokens.limit} left this minute; lower max_tokens, or wait.",
+            tokens.resets_in(now),
+        )
+    return None

@@ -1,0 +1,302 @@
+"""Plans and rate limits through the real stack and the official client: 429s and their headers,
+the client's retries, usage as the responses reported it, Redis shared by two ingress replicas,
+Redis down, and a full model queue."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+from ray import serve
+
+from app.builder import build_app
+from tests.conftest import APP_NAME, Stack, app_args, error_of, free_port
+from tests.e2e.conftest import prompt_tokens, serviceai_cli
+
+HI = [{"role": "user", "content": "hi"}]
+REDIS_URL = "redis://127.0.0.1:6379/0"
+HEADERS = ("requests", "tokens")
+FREE_PRO_RPM = app_args()["plans"]["free"]["ServiceAi-Pro"]["requests_per_minute"]
+
+
+def new_user(stack: Stack, plan: str = "free") -> tuple[str, str]:
+    """(user id, key) of a new user on `plan`, made with the CLI in the stack's store."""
+    created = serviceai_cli(
+        stack.database_url, "users", "create", "--email", f"{secrets.token_hex(5)}@limits.test",
+        "--plan", plan, "--with-key", "--json",
+    )
+    stack.secrets.append(created["key"]["key"])
+    return created["user"]["id"], created["key"]["key"]
+
+
+def limit_headers(headers: httpx.Headers) -> dict[str, str]:
+    return {
+        f"{part}-{kind}": headers[f"x-ratelimit-{part}-{kind}"]
+        for kind in HEADERS for part in ("limit", "remaining", "reset")
+    }
+
+
+def usage_of(base_url: str, key: str, expected_requests: int, timeout_s: float = 20) -> dict:
+    """The key holder's usage today, summed over model types, once the replicas wrote it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = httpx.get(f"{base_url}/account/usage", headers={"Authorization": f"Bearer {key}"},
+                         timeout=10).json()["data"]
+        totals = {field: sum(r[field] for r in rows)
+                  for field in ("requests", "prompt_tokens", "completion_tokens")}
+        if totals["requests"] >= expected_requests or time.monotonic() > deadline:
+            return {**totals, "models": sorted({r["model"] for r in rows})}
+        time.sleep(0.5)
+
+
+@contextmanager
+def ingress_app(
+    stack: Stack, name: str, *, replicas: int = 1, env: dict[str, str] | None = None,
+    plans: dict[str, Any] | None = None, **args: Any,
+) -> Iterator[str]:
+    """An extra application over the stack's engines (or its own, with `model_types`); its
+    base URL."""
+    config = {**app_args(), "models_app": APP_NAME, **args}
+    if plans is not None:
+        config["plans"] = plans
+    config["ingress"] = dict(config["ingress"], num_replicas=replicas, env_vars=env or {})
+    serve.run(build_app(config), name=name, route_prefix=f"/{name}")
+    try:
+        assert serve.status().applications[name].deployments["Ingress"].replica_states == {
+            "RUNNING": replicas
+        }
+        yield f"{stack.origin}/{name}/v1"
+    finally:
+        serve.delete(name)
+
+
+def test_done_when_fast_freely_pro_429_after_its_limit_and_exact_usage(stack, tokenizer):
+    _, key = new_user(stack)
+    client = openai.OpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
+    reported = {"prompt_tokens": 0, "completion_tokens": 0}
+    for _ in range(FREE_PRO_RPM + 5):  # more than Pro allows, all fine on Fast
+        raw = client.chat.completions.with_raw_response.create(
+            model="ServiceAi-Fast", messages=HI, max_tokens=3
+        )
+        assert raw.headers["x-ratelimit-limit-requests"] == "1000"
+        completion = raw.parse()
+        reported["prompt_tokens"] += completion.usage.prompt_tokens
+        reported["completion_tokens"] += completion.usage.completion_tokens
+
+    for sent in range(FREE_PRO_RPM):
+        raw = client.chat.completions.with_raw_response.create(
+            model="ServiceAi-Pro", messages=HI, max_tokens=3
+        )
+        headers = limit_headers(raw.headers)
+        assert headers["limit-requests"] == str(FREE_PRO_RPM)
+        assert headers["remaining-requests"] == str(FREE_PRO_RPM - sent - 1)
+        assert headers["limit-tokens"] == "20000"
+        completion = raw.parse()
+        reported["prompt_tokens"] += completion.usage.prompt_tokens
+        reported["completion_tokens"] += completion.usage.completion_tokens
+
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(model="ServiceAi-Pro", messages=HI, max_tokens=3)
+    error = info.value
+    assert error.status_code == 429
+    assert (error.body["type"], error.body["code"]) == ("requests", "rate_limit_exceeded")
+    message = error.body["message"]
+    assert "ServiceAi-Pro" in message and "requests per minute" in message
+    headers = error.response.headers
+    assert 1 <= int(headers["retry-after"]) <= 60
+    assert limit_headers(headers)["remaining-requests"] == "0"
+    assert headers["x-ratelimit-reset-requests"].endswith("s")
+
+    requests = 2 * FREE_PRO_RPM + 5
+    usage = usage_of(stack.base_url, key, requests)
+    assert usage == {"requests": requests, **reported,
+                     "models": ["ServiceAi-Fast", "ServiceAi-Pro"]}
+    assert reported["prompt_tokens"] == requests * prompt_tokens(tokenizer, HI)
+
+
+def test_streams_carry_the_headers_before_the_first_byte_and_are_metered(stack, tokenizer):
+    _, key = new_user(stack)
+    request = {"model": "ServiceAi-Coder", "messages": HI, "max_tokens": 8, "stream": True,
+               "stream_options": {"include_usage": True}, "ignore_eos": True}
+    with httpx.stream("POST", f"{stack.base_url}/chat/completions", json=request, timeout=60,
+                      headers={"Authorization": f"Bearer {key}"}) as response:
+        assert response.status_code == 200
+        assert limit_headers(response.headers) == {
+            "limit-requests": "10", "remaining-requests": "9", "reset-requests": "1m0s",
+            "limit-tokens": "20000", "remaining-tokens": "20000", "reset-tokens": "0s",
+        }
+        events = [line for line in response.iter_lines() if line.startswith("data: {")]
+    reported = json.loads(events[-1].removeprefix("data: "))["usage"]
+
+    # A stream the client cuts off: what the engine produced until then is counted too.
+    long = dict(request, max_tokens=1500, stream_options=None)
+    with httpx.stream("POST", f"{stack.base_url}/chat/completions", json=long, timeout=60,
+                      headers={"Authorization": f"Bearer {key}"}) as response:
+        lines = response.iter_lines()
+        received = sum(1 for _, line in zip(range(12), lines) if line.startswith("data: {"))
+
+    usage = usage_of(stack.base_url, key, 2)
+    assert usage["requests"] == 2
+    assert usage["prompt_tokens"] == 2 * reported["prompt_tokens"]
+    assert reported["prompt_tokens"] == prompt_tokens(tokenizer, HI)
+    # The first stream's 8 tokens, and at least the chunks read of the cut one (one token each).
+    assert 8 + received - 1 <= usage["completion_tokens"] < 8 + 1500
+    # Charged to the token limit as well.
+    follow = httpx.post(f"{stack.base_url}/chat/completions", timeout=60,
+                        headers={"Authorization": f"Bearer {key}"},
+                        json={"model": "ServiceAi-Coder", "messages": HI, "max_tokens": 1})
+    used = 20000 - int(follow.headers["x-ratelimit-remaining-tokens"])
+    assert used == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_the_client_retries_after_retry_after_and_then_succeeds(stack):
+    """Free Pro allows 2 requests at once: a third waits out Retry-After (1 s) and retries."""
+    _, key = new_user(stack)
+    attempts: list[tuple[float, int]] = []
+    hooks = {"response": [lambda r: attempts.append((time.monotonic(), r.status_code))]}
+    retrying = openai.OpenAI(base_url=stack.base_url, api_key=key, max_retries=2,
+                             http_client=httpx.Client(event_hooks=hooks, timeout=60))
+    long = {"model": "ServiceAi-Pro", "messages": HI, "max_tokens": 1500, "stream": True,
+            "ignore_eos": True}
+    auth = {"Authorization": f"Bearer {key}"}
+    with httpx.stream("POST", f"{stack.base_url}/chat/completions", json=long, headers=auth,
+                      timeout=60) as one, \
+         httpx.stream("POST", f"{stack.base_url}/chat/completions", json=long, headers=auth,
+                      timeout=60) as two:
+        assert (one.status_code, two.status_code) == (200, 200)
+        # Both slots stay taken until, half a second into the client's wait, one stream ends.
+        threading.Timer(0.5, one.close).start()
+        completion = retrying.chat.completions.create(
+            model="ServiceAi-Pro", messages=HI, max_tokens=2
+        )
+    assert completion.choices[0].message.content is not None
+    assert [status for _, status in attempts] == [429, 200]
+    assert attempts[1][0] - attempts[0][0] >= 1.0  # the client slept Retry-After: 1
+
+
+def test_a_spent_daily_quota_stops_the_clients_retries(stack):
+    tiny_quota = {"requests_per_minute": 100, "tokens_per_minute": 100000,
+                  "concurrent_requests": 10, "tokens_per_day": 40}
+    plans = dict(app_args()["plans"], tiny={t: tiny_quota for t in app_args()["plans"]["free"]})
+    _, key = new_user(stack, plan="tiny")
+    with ingress_app(stack, "quota", plans=plans) as base_url:
+        attempts: list[int] = []
+        hooks = {"response": [lambda r: attempts.append(r.status_code)]}
+        client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=2,
+                               http_client=httpx.Client(event_hooks=hooks, timeout=60))
+        for _ in range(5):  # ~20 prompt tokens and 4 more each: the quota is spent in 2 or so
+            try:
+                client.chat.completions.create(model="ServiceAi-Fast", messages=HI, max_tokens=4,
+                                               extra_body={"ignore_eos": True})
+            except openai.RateLimitError as error:
+                assert error.body["code"] == "insufficient_quota"
+                assert error.body["type"] == "insufficient_quota"
+                assert error.response.headers["x-should-retry"] == "false"
+                assert "daily token quota" in error.body["message"]
+                break
+        else:
+            pytest.fail("the quota of 40 tokens a day was never spent")
+        assert attempts[-1] == 429 and attempts.count(429) == 1  # not retried
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    prefix = f"sai-e2e-{secrets.token_hex(4)}"
+    yield prefix
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def test_two_replicas_share_a_10_a_minute_limit_through_redis(stack, redis_prefix):
+    ten = {"requests_per_minute": 10, "tokens_per_minute": 1000000,
+           "concurrent_requests": 100, "tokens_per_day": 10000000}
+    plans = dict(app_args()["plans"], ten={t: ten for t in app_args()["plans"]["free"]})
+    user_id, key = new_user(stack, plan="ten")
+    env = {"SERVICEAI_REDIS_URL": REDIS_URL, "SERVICEAI_REDIS_KEY_PREFIX": redis_prefix}
+    with ingress_app(stack, "shared", replicas=2, env=env, plans=plans) as base_url:
+
+        async def burst() -> list[int]:
+            async with httpx.AsyncClient(timeout=60) as http:
+                responses = await asyncio.gather(*(
+                    http.post(f"{base_url}/chat/completions",
+                              headers={"Authorization": f"Bearer {key}"},
+                              json={"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 1})
+                    for _ in range(30)
+                ))
+            for response in responses:
+                if response.status_code == 429:
+                    assert error_of(response, 429)["type"] == "requests"
+            return [r.status_code for r in responses]
+
+        statuses = asyncio.run(burst())
+        assert (statuses.count(200), statuses.count(429)) == (10, 20)
+        assert redis.Redis.from_url(REDIS_URL).exists(
+            f"{redis_prefix}:LIMITER/{user_id}/ServiceAi-Fast/requests/10/1/minute"
+        )
+
+
+@pytest.mark.parametrize("fail_open", [None, "false"], ids=["default-open", "closed"])
+def test_redis_down_serves_by_default_or_refuses_when_configured(stack, fail_open):
+    env = {"SERVICEAI_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    if fail_open is not None:
+        env["SERVICEAI_RATE_LIMIT_FAIL_OPEN"] = fail_open
+    name = "redis-down-open" if fail_open is None else "redis-down-closed"
+    with ingress_app(stack, name, env=env) as base_url:
+        response = httpx.post(
+            f"{base_url}/chat/completions", headers={"Authorization": f"Bearer {stack.api_key}"},
+            json={"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 2}, timeout=60,
+        )
+    if fail_open is None:
+        assert response.status_code == 200, response.text
+        assert not any(h.startswith("x-ratelimit-") for h in response.headers)
+        return
+    error = error_of(response, 503)
+    assert (error["type"], error["code"]) == ("server_error", "rate_limiter_unavailable")
+    assert response.headers["retry-after"] == "2"
+
+
+def test_a_full_queue_answers_503_at_once(stack):
+    """A model type of its own with one slot and a queue of one: the third request is refused
+    while the first two are still generating."""
+    [fast] = [dict(m) for m in app_args()["model_types"] if m["name"] == "ServiceAi-Fast"]
+    fast.update(max_ongoing_requests=1, max_queued_requests=1,
+                engine_args=dict(fast["engine_args"], max_num_seqs=1))
+    plans = {p: {"ServiceAi-Fast": limits["ServiceAi-Fast"]}
+             for p, limits in app_args()["plans"].items()}
+    with ingress_app(stack, "tiny-queue", models_app=None, model_types=[fast],
+                     plans=plans) as base_url:
+        auth = {"Authorization": f"Bearer {stack.api_key}"}
+        long = {"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 1500, "stream": True,
+                "ignore_eos": True}
+        with httpx.stream("POST", f"{base_url}/chat/completions", json=long, headers=auth,
+                          timeout=60) as running:
+            assert running.status_code == 200
+            queued = threading.Thread(
+                target=lambda: httpx.post(f"{base_url}/chat/completions", json=long,
+                                          headers=auth, timeout=120)
+            )
+            queued.start()
+            time.sleep(1)  # the second request is now waiting in the queue
+            refused = httpx.post(f"{base_url}/chat/completions", json=dict(long, stream=False),
+                                 headers=auth, timeout=60)
+            # Answered while the first stream still runs: not after a wait for a slot.
+            assert not running.is_closed
+            next(running.iter_lines())
+        queued.join()
+    error = error_of(refused, 503)
+    assert (error["type"], error["code"]) == ("server_error", "model_overloaded")
+    assert refused.headers["retry-after"] == "1"
+    assert "ServiceAi-Fast" in error["message"]
