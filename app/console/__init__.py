@@ -43,6 +43,7 @@ def mount_console(api: FastAPI, settings: Settings) -> None:
     console.state.store = api.state.store
     console.state.keys = api.state.keys
     console.state.models = api.state.models
+    console.state.limits = api.state.limits
     console.state.base_url = settings.public_base_url
     console.state.sign_in_limit = SignInLimit(
         settings.sign_in_limit_per_email, settings.sign_in_limit_per_address

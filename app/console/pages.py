@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -21,7 +22,10 @@ from app.console.session import signed_in_user
 from app.console.sign_in_limit import SignInLimit
 from app.keystore import KeyStore
 from app.keystore.errors import KeyLimitReached, UserExists, WrongCredentials
-from app.keystore.schemas import MAX_PAGE, IssuedApiKey, User
+from app.errors import ApiError
+from app.keystore.schemas import MAX_PAGE, IssuedApiKey, UsageTotals, User
+from app.plans import ModelTypeLimits
+from app.ratelimit import RateLimits
 from deployments.catalog import LOGICAL_MODEL_TYPES, LogicalModelType
 
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
@@ -43,13 +47,17 @@ def render(
 ) -> HTMLResponse:
     context["base"] = request.scope.get("root_path", "")
     context["base_url"] = request.app.state.base_url
-    context["model_types"] = [
-        LOGICAL_MODEL_TYPES.get(name, LogicalModelType(name, "", ""))
-        for name in request.app.state.models.names
-    ]
+    context["model_types"] = _model_types(request)
     # The 500 page is rendered outside the session middleware, without a form to protect.
     context["csrf"] = session.csrf_token(request) if "session" in request.scope else None
     return templates.TemplateResponse(request, template, context, status, headers)
+
+
+def _model_types(request: Request) -> list[LogicalModelType]:
+    return [
+        LOGICAL_MODEL_TYPES.get(name, LogicalModelType(name, "", ""))
+        for name in request.app.state.models.names
+    ]
 
 
 def go(request: Request, page: str) -> RedirectResponse:
@@ -198,6 +206,30 @@ async def revoke(key_id: str, request: Request, user: User = Depends(signed_in_u
     return go(request, "keys")
 
 
+class ModelTypeUsage(NamedTuple):
+    """One row of the plan page: a model type, its limits on the user's plan, today's use."""
+
+    name: str
+    description: str
+    limits: ModelTypeLimits | None
+    today: UsageTotals
+
+
 @router.get("/plan")
 async def plan_page(request: Request, user: User = Depends(signed_in_user)) -> Response:
-    return render(request, "plan.html", user=user)
+    """The plan's limits per model type and today's use, as the rate limiter and store see them."""
+    limits: RateLimits = request.app.state.limits
+    try:
+        plan = limits.plan_limits(user.plan)
+        problem = None
+    except ApiError as exc:
+        plan, problem = None, exc.message
+    used = await _store(request).usage_today(user.id)
+    rows = [
+        ModelTypeUsage(
+            model.name, model.description, plan.on(model.name) if plan else None,
+            used.get(model.name, UsageTotals()),
+        )
+        for model in _model_types(request)
+    ]
+    return render(request, "plan.html", user=user, rows=rows, error=problem)

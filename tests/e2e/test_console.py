@@ -8,6 +8,7 @@ test's tmp dir, and the latest set in /tmp/helpers/console-shots/ for a person t
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,6 +111,14 @@ def test_sign_up_create_copy_call_revoke_refused(stack: Stack, chromium: Browser
 
         page.get_by_role("link", name="Plan and usage").click()
         expect(page.get_by_role("heading", name="Plan: free")).to_be_visible()
+        # The call above, once the replica has written its usage (every second here).
+        fast_requests = page.locator('tr[data-model="ServiceAi-Fast"] td.number').first
+        deadline = time.monotonic() + 30
+        while fast_requests.inner_text() == "0" and time.monotonic() < deadline:
+            time.sleep(1)
+            page.reload()
+        assert fast_requests.inner_text() == "1"
+        expect(page.locator('tr[data-model="ServiceAi-Pro"]')).to_contain_text("200,000")
         camera.shoot("plan")
 
         page.get_by_role("button", name="Sign out").click()

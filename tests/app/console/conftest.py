@@ -14,6 +14,8 @@ from app.console import mount_console
 from app.dispatch import ModelRouter
 from app.keystore import KeyStore
 from app.settings import Settings
+from app.usage_meter import UsageMeter
+from tests.app.conftest import shipped_limits
 
 PASSWORD = "correct horse battery"
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -57,6 +59,14 @@ class Browser:
 
 
 BrowserFactory = Callable[..., Browser]
+MODEL_TYPES = ["ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"]
+
+
+class _NoModel:
+    """Stands in for a model type's deployment handle where nothing is generated."""
+
+    def options(self, **_: object) -> _NoModel:
+        return self
 
 
 @pytest.fixture
@@ -64,9 +74,11 @@ async def new_browser(store: KeyStore) -> AsyncIterator[BrowserFactory]:
     """Browsers on one API + console; `new_browser(**settings)` for other settings."""
     clients: list[httpx.AsyncClient] = []
     verifier = KeyVerifier(store)
+    # The pages only list the model types; no page calls a model.
+    models = ModelRouter({name: _NoModel() for name in MODEL_TYPES}, created=0)
 
     def make(**overrides: object) -> Browser:
-        api = create_api(ModelRouter({}, created=0), verifier)
+        api = create_api(models, verifier, shipped_limits(), UsageMeter(store))
         mount_console(api, console_settings(**overrides))
         transport = httpx.ASGITransport(app=api, raise_app_exceptions=False)
         client = httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8123")

@@ -1,8 +1,10 @@
 """The console's API keys and plan pages on a real store: the same keys the API accepts."""
 
 import re
+from datetime import timedelta
 
 from app.keystore import keygen
+from app.keystore.usage import UsageCount, UsageKey, today
 from tests.app.console.conftest import Browser
 
 _SECRET = re.compile(r'id="new-key-value">(sai-[A-Za-z0-9_-]+)<')
@@ -81,6 +83,33 @@ async def test_the_quick_start_names_the_public_base_url_and_plan(browser):
     assert 'os.environ["SERVICEAI_API_KEY"]' in keys.text
     plan = await browser.get("/plan")
     assert "Plan: <span class=\"plan\">free</span>" in plan.text
+
+
+async def test_the_plan_page_shows_todays_usage_against_the_plans_limits(browser, store):
+    await browser.sign_up("ada@example.com")
+    key = await store.create_key("ada@example.com", "laptop")
+    yesterday = today() - timedelta(days=1)
+    await store.record_usage({
+        UsageKey(key.id, "ServiceAi-Pro", today()): UsageCount(3, 30, 12),
+        UsageKey(key.id, "ServiceAi-Pro", yesterday): UsageCount(100, 1000, 1000),
+    })
+    page = (await browser.get("/plan")).text
+    pro = page[page.index('data-model="ServiceAi-Pro"'):]
+    pro = pro[:pro.index("</tr>")]
+    # Today's 3 requests and 42 tokens, not yesterday's; the free plan's Pro limits.
+    assert re.findall(r'<td class="number">([^<]+)</td>', pro)[:2] == ["3", "42"]
+    assert "200,000" in pro and "10 requests<br>20,000 tokens" in pro
+    fast = page[page.index('data-model="ServiceAi-Fast"'):]
+    assert re.findall(r'<td class="number">([^<]+)</td>', fast)[:2] == ["0", "0"]
+    assert "20,000,000" in fast[:fast.index("</tr>")]
+
+
+async def test_a_plan_the_service_does_not_offer_is_said_plainly(browser, store):
+    await browser.sign_up("ada@example.com")
+    await store.update_user("ada@example.com", plan="gold")
+    page = await browser.get("/plan")
+    assert page.status_code == 200 and "plan &#39;gold&#39; is not offered" in page.text
+    assert "no limits configured" in page.text
 
 
 async def test_security_headers_and_html_errors(browser):
