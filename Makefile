@@ -5,7 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench bench-gateway lock clean
+# apt-get needs root; elsewhere it goes through sudo.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+.PHONY: install browser run test bench bench-gateway lock clean
 
 install: $(STAMP)
 
@@ -17,10 +20,16 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	@touch $(STAMP)
 
+# The console tests drive Debian's Chromium through Playwright (which downloads no browser here).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
 run: install
 	$(BIN)/serviceai run
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest
 
 # Bare vLLM vs this service with vLLM's own load generator; updates README's table (~10 min).

@@ -22,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from app.errors import ApiError
 from app.keystore import KeyOwner, KeyStore, keygen
 from app.keystore.errors import KeyStoreError
+from app.keystore.schemas import ApiKey
 from app.periodic import PeriodicFlush
 
 logger = logging.getLogger("serviceai")
@@ -160,6 +161,12 @@ class KeyVerifier:
     def forget(self, *, key_id: str | None = None, user_id: str | None = None) -> None:
         self.accepted.forget(key_id=key_id, user_id=user_id)
         self.refused.forget(key_id=key_id, user_id=user_id)
+
+    async def revoke(self, key_id: str, *, owner_id: str | None = None) -> ApiKey:
+        """Revoke a key in the store; this replica refuses it at once, the others within TTL."""
+        revoked = await self.store.revoke_key(key_id, owner_id=owner_id)
+        self.forget(key_id=key_id)
+        return revoked
 
     # Last-used times, written in batches.
 

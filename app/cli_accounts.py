@@ -9,6 +9,7 @@ found, already exists, limit), 2 bad usage or configuration, 3 key store unreach
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, date, datetime
 from typing import NoReturn, TypeVar
@@ -24,6 +25,7 @@ from app.keystore.schemas import (
     ApiKeyCreate,
     IssuedApiKey,
     UsageList,
+    PasswordSet,
     User,
     UserCreate,
     UserUpdate,
@@ -39,7 +41,8 @@ EXIT_CODES = (
     "2 bad usage or configuration, 3 key store unreachable."
 )
 users = typer.Typer(
-    help="Accounts: create, list, disable, enable, change plan.", epilog=EXIT_CODES,
+    help="Accounts: create, list, disable, enable, change plan, set a console password.",
+    epilog=EXIT_CODES,
     no_args_is_help=True,
 )
 keys = typer.Typer(
@@ -207,6 +210,29 @@ def set_plan(
 ) -> None:
     """Move a user to another plan."""
     _update(user, as_json, plan=plan)
+
+
+@users.command("set-password")
+def set_password(
+    user: str = typer.Argument(..., help="User id or email."),
+    password_stdin: bool = typer.Option(
+        False, "--password-stdin", help="Read the password from the first line of standard input."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Set a user's console password (users made here or by the admin API have none)."""
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
+    body = validated(PasswordSet, password=password)
+    updated = with_store(
+        lambda store: store.set_password(user, body.password.get_secret_value())
+    )
+    if as_json:
+        print_json(updated)
+        return
+    typer.echo(f"User {updated.id} ({updated.email}) can now sign in to the console.")
 
 
 @keys.command("create")

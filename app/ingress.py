@@ -13,6 +13,7 @@ from ray.serve.handle import DeploymentHandle
 from app.api import create_api
 from app.auth import KeyVerifier
 from app.config import ServiceConfig
+from app.console import mount_console
 from app.dispatch import ModelRouter
 from app.keystore import open_store
 from app.ratelimit import RateLimits, open_storage
@@ -59,9 +60,11 @@ class Ingress:
         self._usage.start()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_api(
+        api = create_api(
             self._router, self._keys, self._limits, self._usage, self._settings.admin_token
         )
+        mount_console(api, self._settings)
+        return api
 
     async def __del__(self) -> None:
         """Serve's graceful shutdown: write the last-used times and usage still in memory."""

@@ -9,12 +9,18 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from limits import parse_many
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///{PROJECT_ROOT / '.serviceai' / 'serviceai.db'}"
 MIN_ADMIN_TOKEN_LENGTH = 24
+MIN_SESSION_SECRET_LENGTH = 32
+_MIN_SECRET_LENGTHS = {
+    "admin_token": MIN_ADMIN_TOKEN_LENGTH,
+    "session_secret": MIN_SESSION_SECRET_LENGTH,
+}
 
 # The async drivers we ship, and the plain URL schemes an operator may write instead.
 _DRIVERS = {
@@ -80,7 +86,28 @@ class Settings(BaseSettings):
         15.0, gt=0, description="How often a replica writes its usage counts, batched."
     )
     public_base_url: str = Field(
-        "http://127.0.0.1:8000/v1", description="The base URL clients use; shown in messages."
+        "http://127.0.0.1:8000/v1",
+        pattern=r"^https?://",
+        description="The base URL clients use; shown in messages and the console's quick-start. "
+        "An https:// URL also makes the console's session cookie Secure.",
+    )
+    session_secret: SecretStr | None = Field(
+        None,
+        description="Signs the console's session cookies. Unset: each process makes a random "
+        "one, so sessions end with the replica and do not carry over to other replicas (set it "
+        f"when the ingress has more than one). At least {MIN_SESSION_SECRET_LENGTH} characters.",
+    )
+    session_idle_s: int = Field(
+        8 * 3600, ge=60, le=30 * 86400,
+        description="A console session ends after this long without a page view.",
+    )
+    sign_in_limit_per_email: str = Field(
+        "5/minute;20/hour",
+        description="Console sign-in attempts per email and ingress replica ('limits' syntax).",
+    )
+    sign_in_limit_per_address: str = Field(
+        "30/minute;300/hour",
+        description="Console sign-in and sign-up attempts per client address and replica.",
     )
 
     @field_validator("database_url")
@@ -104,16 +131,28 @@ class Settings(BaseSettings):
             raise ValueError("must be a redis://HOST:PORT/DB or rediss://HOST:PORT/DB URL")
         return value
 
-    @field_validator("admin_token")
+    @field_validator("admin_token", "session_secret")
     @classmethod
-    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+    def _long_enough(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         if value is not None and not value.get_secret_value():
             return None
-        if value is not None and len(value.get_secret_value()) < MIN_ADMIN_TOKEN_LENGTH:
+        minimum = _MIN_SECRET_LENGTHS[info.field_name]
+        if value is not None and len(value.get_secret_value()) < minimum:
             raise ValueError(
-                f"must be at least {MIN_ADMIN_TOKEN_LENGTH} characters "
+                f"must be at least {minimum} characters "
                 "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
             )
+        return value
+
+    @field_validator("sign_in_limit_per_email", "sign_in_limit_per_address")
+    @classmethod
+    def _rate_limits(cls, value: str) -> str:
+        try:
+            parse_many(value)
+        except ValueError:
+            raise ValueError(
+                "must be rate limits such as '5/minute' or '5/minute;20/hour'"
+            ) from None
         return value
 
 

@@ -187,6 +187,8 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     runtime["RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE"] = "1"
     os.environ.update(runtime)
     port = free_port()
+    # What the console's quick-start shows: this stack's own address.
+    os.environ["SERVICEAI_PUBLIC_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
     ray.init(
         num_cpus=4,
         include_dashboard=False,
@@ -212,7 +214,7 @@ def stack(stack_lock: None) -> Iterator[Stack]:
         serve.shutdown()
         ray.shutdown()
         for name in ("SERVICEAI_DATABASE_URL", "SERVICEAI_ADMIN_TOKEN", "SERVICEAI_KEY_CACHE_TTL_S",
-                     "SERVICEAI_USAGE_FLUSH_S", *runtime):
+                     "SERVICEAI_USAGE_FLUSH_S", "SERVICEAI_PUBLIC_BASE_URL", *runtime):
             os.environ.pop(name, None)
         shutil.rmtree(ray_dir, ignore_errors=True)
         shutil.rmtree(store_dir, ignore_errors=True)

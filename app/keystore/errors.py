@@ -38,6 +38,13 @@ class KeyLimitReached(KeyStoreError):
     code = "api_key_limit_reached"
 
 
+class WrongCredentials(KeyStoreError):
+    """An email and password that do not match a user (which of the two is never said)."""
+
+    status = 401
+    code = "invalid_credentials"
+
+
 class StoreUnavailable(KeyStoreError):
     """The database cannot be reached; the caller may retry."""
 

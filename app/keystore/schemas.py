@@ -11,7 +11,9 @@ import datetime as dt
 from datetime import datetime
 from typing import Annotated, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, StringConstraints
+
+from app.keystore import passwords
 
 DEFAULT_PLAN = "free"
 MAX_PAGE = 1000
@@ -52,6 +54,19 @@ KeyName = Annotated[
     str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100),
     AfterValidator(_printable),
 ]
+
+
+def _password_length(value: SecretStr) -> SecretStr:
+    if not passwords.MIN_LENGTH <= len(value.get_secret_value()) <= passwords.MAX_LENGTH:
+        raise ValueError(
+            f"must be at least {passwords.MIN_LENGTH} characters "
+            f"(and at most {passwords.MAX_LENGTH})"
+        )
+    return value
+
+
+Password = Annotated[SecretStr, AfterValidator(_password_length)]
+"""A new console password: long enough to resist guessing, short enough to hash cheaply."""
 
 
 def unix(moment: datetime | None) -> int | None:
@@ -109,6 +124,12 @@ class UserUpdate(BaseModel):
 
     plan: PlanName | None = None
     disabled: bool | None = None
+
+
+class PasswordSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    password: Password
 
 
 class ApiKeyCreate(BaseModel):

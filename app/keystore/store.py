@@ -10,7 +10,7 @@ from sqlalchemy import Select, bindparam, func, or_, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.keystore import keygen
+from app.keystore import keygen, passwords
 from app.keystore.database import Database
 from app.keystore.errors import (
     KeyLimitReached,
@@ -19,6 +19,7 @@ from app.keystore.errors import (
     UserDisabled,
     UserExists,
     UserNotFound,
+    WrongCredentials,
 )
 from app.keystore.schemas import (
     DEFAULT_PLAN,
@@ -66,9 +67,19 @@ class KeyStore:
 
     # Users
 
-    async def create_user(self, email: str, plan: str = DEFAULT_PLAN) -> User:
+    async def create_user(
+        self, email: str, plan: str = DEFAULT_PLAN, *, password: str | None = None
+    ) -> User:
+        """A new user; with `password`, one who can sign in to the console."""
         email = email.strip().lower()
-        row = UserRow(id=keygen.new_id("user"), email=email, plan=plan, created_at=now())
+        password_hash = None if password is None else await passwords.hash_password(password)
+        row = UserRow(
+            id=keygen.new_id("user"),
+            email=email,
+            plan=plan,
+            created_at=now(),
+            password_hash=password_hash,
+        )
         try:
             async with self.database.transaction() as session:
                 session.add(row)
@@ -98,6 +109,31 @@ class KeyStore:
                 row.plan = plan
             if disabled is not None and disabled != (row.disabled_at is not None):
                 row.disabled_at = now() if disabled else None
+        return _user(row)
+
+    async def set_password(self, user: str, password: str) -> User:
+        """Set (or replace) a user's console password: how CLI-made users get one."""
+        password_hash = await passwords.hash_password(password)
+        async with self.database.transaction() as session:
+            row = await _find_user(session, user)
+            row.password_hash = password_hash
+        return _user(row)
+
+    async def check_password(self, email: str, password: str) -> User:
+        """The user with this email and password (disabled or not), else WrongCredentials.
+
+        An unknown email, a user without a password and a wrong password cost the same hash
+        and give the same answer, so that sign-in tells nobody which emails have accounts.
+        """
+        async with self.database.transaction() as session:
+            row = await session.scalar(
+                select(UserRow).where(UserRow.email == email.strip().lower())
+            )
+        matched = await passwords.verify(None if row is None else row.password_hash, password)
+        if row is None or not matched:
+            raise WrongCredentials("The email or the password is not right.")
+        if passwords.needs_rehash(row.password_hash):
+            await self.set_password(row.id, password)
         return _user(row)
 
     # Keys

@@ -48,6 +48,8 @@ class UserRow(Base):
     plan: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     disabled_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # An argon2id hash for the console's sign-in; None for users made by the CLI or admin API.
+    password_hash: Mapped[str | None] = mapped_column(String(255))
 
 
 class ApiKeyRow(Base):

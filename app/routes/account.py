@@ -54,9 +54,7 @@ async def revoke_key(
     key_id: str, request: Request, caller: Caller = Depends(authenticate)
 ) -> ApiKey:
     """Revoke one of the caller's keys (the one in use too); the others keep working."""
-    revoked = await request.app.state.store.revoke_key(key_id, owner_id=caller.user_id)
-    request.app.state.keys.forget(key_id=key_id)
-    return revoked
+    return await request.app.state.keys.revoke(key_id, owner_id=caller.user_id)
 
 
 @router.get("/usage", response_model=UsageList)

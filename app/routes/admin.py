@@ -124,9 +124,7 @@ async def list_keys(
 @router.delete("/keys/{key_id}", response_model=ApiKey)
 async def revoke_key(key_id: str, request: Request) -> ApiKey:
     """Revoke a key: refused at once by this replica, by every other within the key cache TTL."""
-    revoked = await _store(request).revoke_key(key_id)
-    _keys(request).forget(key_id=key_id)
-    return revoked
+    return await _keys(request).revoke(key_id)
 
 
 @router.get("/usage", response_model=UsageList)

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from app.cli import cli
 from app.cli_accounts import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from app.keystore import Database, KeyStore, keygen
+from app.keystore.errors import WrongCredentials
 from app.keystore.usage import UsageCount, UsageKey
 from app.settings import get_settings
 
@@ -22,9 +23,9 @@ def serviceai(database_url, monkeypatch):
     get_settings.cache_clear()
     runner = CliRunner()
 
-    def run(*args: str):
+    def run(*args: str, input: str | None = None):
         get_settings.cache_clear()
-        result = runner.invoke(cli, list(args))
+        result = runner.invoke(cli, list(args), input=input)
         return result.exit_code, result.stdout, result.stderr
 
     yield run
@@ -166,3 +167,36 @@ def test_usage_shows_the_same_json_as_the_admin_api_and_a_table(serviceai, datab
     assert "3 requests, 30 prompt + 12 completion = 42 tokens" in out
     code, _, err = serviceai("usage", "--start-date", "2026-11-21", "--end-date", "2026-11-20")
     assert code == EXIT_REFUSED and "after" in err
+
+
+def signs_in(database_url: str, email: str, password: str) -> bool:
+    async def check() -> bool:
+        database = await Database.open(database_url)
+        try:
+            await KeyStore(database).check_password(email, password)
+            return True
+        except WrongCredentials:
+            return False
+        finally:
+            await database.close()
+
+    return asyncio.run(check())
+
+
+def test_set_password_lets_a_cli_user_sign_in_to_the_console(serviceai, database_url):
+    json_of(serviceai("users", "create", "--email", "ops@example.com", "--json"))
+    code, _, err = serviceai("users", "set-password", "ops@example.com", "--password-stdin",
+                             input="short\n")
+    assert code == EXIT_USAGE and "--password" in err and "10 characters" in err
+    code, out, _ = serviceai("users", "set-password", "ops@example.com", "--password-stdin",
+                             input="a long enough password\n")
+    assert code == 0 and "can now sign in to the console" in out
+    assert signs_in(database_url, "ops@example.com", "a long enough password")
+    code, out, _ = serviceai("users", "set-password", "ops@example.com",
+                             input="another long password\nanother long password\n")
+    assert code == 0 and "another long password" not in out
+    assert signs_in(database_url, "ops@example.com", "another long password")
+    assert not signs_in(database_url, "ops@example.com", "a long enough password")
+    code, _, err = serviceai("users", "set-password", "nobody@example.com", "--password-stdin",
+                             input="a long enough password\n")
+    assert code == EXIT_REFUSED and "No user" in err

@@ -39,3 +39,16 @@ def test_the_admin_token_must_be_long_and_stays_secret():
     token = "t" * 24
     settings = Settings(admin_token=token)
     assert settings.admin_token == SecretStr(token) and token not in repr(settings)
+
+
+def test_console_settings_are_checked():
+    settings = Settings(_env_file=None)
+    assert settings.session_secret is None and settings.session_idle_s == 8 * 3600
+    with pytest.raises(ValidationError, match="at least 32"):
+        Settings(session_secret="short")
+    assert Settings(session_secret="").session_secret is None
+    with pytest.raises(ValidationError, match="rate limits such as"):
+        Settings(sign_in_limit_per_email="lots")
+    assert Settings(sign_in_limit_per_address="2/second;9/day").sign_in_limit_per_address
+    with pytest.raises(ValidationError, match="public_base_url"):
+        Settings(public_base_url="127.0.0.1:8000/v1")

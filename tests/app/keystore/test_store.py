@@ -3,9 +3,10 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from argon2 import PasswordHasher
 from sqlalchemy import select
 
-from app.keystore import KeyStore, keygen
+from app.keystore import KeyStore, keygen, passwords
 from app.keystore.errors import (
     KeyLimitReached,
     KeyNotFound,
@@ -13,8 +14,9 @@ from app.keystore.errors import (
     UserDisabled,
     UserExists,
     UserNotFound,
+    WrongCredentials,
 )
-from app.keystore.tables import ApiKeyRow
+from app.keystore.tables import ApiKeyRow, UserRow
 
 
 async def test_a_new_user_gets_the_free_plan(store: KeyStore):
@@ -117,3 +119,39 @@ async def test_last_used_times_are_written_in_one_batch_and_never_go_back(store:
     await store.record_last_used({a.id: later - timedelta(hours=1)})
     used = {k.id: k.last_used_at for k in (await store.list_keys(user.id)).data}
     assert used == {a.id: int(later.timestamp()), b.id: int(later.timestamp()) - 60}
+
+
+async def test_passwords_are_stored_as_argon2id_hashes(store: KeyStore):
+    await store.create_user("ada@example.com", password="first password")
+    cli_made = await store.create_user("ops@example.com")
+    async with store.database.transaction() as session:
+        rows = {r.email: r for r in await session.scalars(select(UserRow))}
+    assert rows["ada@example.com"].password_hash.startswith("$argon2id$")
+    assert "first password" not in rows["ada@example.com"].password_hash
+    assert rows["ops@example.com"].password_hash is None
+
+    signed_in = await store.check_password(" ADA@example.com", "first password")
+    assert signed_in.email == "ada@example.com"
+    for email, password in [("ada@example.com", "First password"), ("ops@example.com", ""),
+                            ("nobody@example.com", "first password")]:
+        with pytest.raises(WrongCredentials) as info:
+            await store.check_password(email, password)
+        assert info.value.status == 401
+        assert info.value.message == "The email or the password is not right."
+
+    assert await store.set_password(cli_made.id, "second password") == cli_made
+    assert (await store.check_password("ops@example.com", "second password")).id == cli_made.id
+    with pytest.raises(UserNotFound):
+        await store.set_password("nobody@example.com", "second password")
+
+
+async def test_a_hash_made_with_weaker_parameters_is_upgraded_at_sign_in(store: KeyStore):
+    user = await store.create_user("ada@example.com")
+    weak = PasswordHasher(time_cost=1, memory_cost=8192, parallelism=1).hash("old password")
+    async with store.database.transaction() as session:
+        (await session.get(UserRow, user.id)).password_hash = weak
+    await store.check_password("ada@example.com", "old password")
+    async with store.database.transaction() as session:
+        upgraded = (await session.get(UserRow, user.id)).password_hash
+    assert upgraded != weak and not passwords.needs_rehash(upgraded)
+    assert (await store.check_password("ada@example.com", "old password")).id == user.id

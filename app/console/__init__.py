@@ -1,0 +1,126 @@
+"""The account console under /console: a user's API keys, plan and quick-start, as web pages.
+
+A FastAPI app of its own, mounted on the API: its session cookie, CSRF checks and HTML errors
+stay off the API's hot path, and it shares the API's key store and key verifier.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.sessions import SessionMiddleware
+
+from app.console import pages
+from app.console.session import CsrfRejected, SignInRequired
+from app.console.sign_in_limit import SignInLimit
+from app.errors import request_id_of
+from app.keystore.errors import KeyStoreError
+from app.settings import Settings
+
+logger = logging.getLogger("serviceai")
+
+PREFIX = "/console"
+SESSION_COOKIE = "serviceai_console"
+# Scripts and styles only from the console itself; no framing (revoking by clickjacking).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+def mount_console(api: FastAPI, settings: Settings) -> None:
+    """Serve the console at /console of `api`, on the same store and key verifier."""
+    console = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    console.state.store = api.state.store
+    console.state.keys = api.state.keys
+    console.state.models = api.state.models
+    console.state.limits = api.state.limits
+    console.state.base_url = settings.public_base_url
+    console.state.sign_in_limit = SignInLimit(
+        settings.sign_in_limit_per_email, settings.sign_in_limit_per_address
+    )
+    console.add_middleware(
+        SessionMiddleware,
+        secret_key=_session_secret(settings),
+        session_cookie=SESSION_COOKIE,
+        max_age=settings.session_idle_s,
+        path=PREFIX,
+        same_site="lax",
+        https_only=settings.public_base_url.startswith("https://"),
+    )
+
+    @console.middleware("http")
+    async def security_headers(request: Request, call_next) -> Response:
+        response = await call_next(request)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    console.include_router(pages.router)
+    console.mount(
+        "/static", StaticFiles(directory=Path(__file__).resolve().parent / "static"), "static"
+    )
+    _install_error_pages(console)
+    api.mount(PREFIX, console)
+
+
+def _session_secret(settings: Settings) -> str:
+    if settings.session_secret is not None:
+        return settings.session_secret.get_secret_value()
+    logger.warning(
+        "SERVICEAI_SESSION_SECRET is unset: console sessions are signed with a key of this "
+        "process only; they end when it restarts and do not carry over to other replicas."
+    )
+    return secrets.token_urlsafe(32)
+
+
+def _install_error_pages(console: FastAPI) -> None:
+    def sign_in(request: Request, exc: SignInRequired) -> Response:
+        return RedirectResponse(f"{request.scope.get('root_path', '')}/sign-in", 303)
+
+    def csrf(request: Request, exc: CsrfRejected) -> Response:
+        return _error(
+            request, 403, "This form has expired or did not come from this console. "
+            "Reload the page and send it again.",
+        )
+
+    def store(request: Request, exc: KeyStoreError) -> Response:
+        headers = {"Retry-After": "2"} if exc.status >= 500 else None
+        return _error(request, exc.status, exc.message, headers)
+
+    def http(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return _error(request, 404, f"There is no page at {request.url.path}.")
+        return _error(request, exc.status_code, str(exc.detail))
+
+    def unexpected(request: Request, exc: Exception) -> Response:
+        request_id = request_id_of(request)
+        logger.error(
+            "Unhandled error in %s %s (request %s)", request.method, request.url.path,
+            request_id, exc_info=exc,
+        )
+        return _error(
+            request, 500, "Something went wrong on our side. Retry, or contact us and quote "
+            f"request id {request_id}.",
+        )
+
+    console.add_exception_handler(SignInRequired, sign_in)
+    console.add_exception_handler(CsrfRejected, csrf)
+    console.add_exception_handler(KeyStoreError, store)
+    console.add_exception_handler(StarletteHTTPException, http)
+    console.add_exception_handler(Exception, unexpected)
+
+
+def _error(
+    request: Request, status: int, message: str, headers: dict[str, str] | None = None
+) -> Response:
+    return pages.render(request, "error.html", status, headers, code=status, message=message)

@@ -1,0 +1,124 @@
+"""The console's API keys and plan pages on a real store: the same keys the API accepts."""
+
+import re
+from datetime import timedelta
+
+from app.keystore import keygen
+from app.keystore.usage import UsageCount, UsageKey, today
+from tests.app.console.conftest import Browser
+
+_SECRET = re.compile(r'id="new-key-value">(sai-[A-Za-z0-9_-]+)<')
+
+
+async def create_key(browser: Browser, name: str):
+    return await browser.submit("/keys", "/keys", name=name)
+
+
+async def test_a_new_key_is_shown_once_and_works_on_the_api(browser, store):
+    await browser.sign_up("ada@example.com")
+    created = await create_key(browser, "  laptop ")
+    assert created.status_code == 201
+    secret = _SECRET.search(created.text).group(1)
+    assert keygen.is_well_formed(secret)
+    [key] = (await store.list_keys("ada@example.com")).data
+    assert (key.name, key.display) == ("laptop", keygen.display_form(secret))
+    assert (await browser.client.get(
+        "/v1/models", headers={"Authorization": f"Bearer {secret}"}
+    )).status_code == 200
+
+    listed = await browser.get("/keys")
+    assert secret not in listed.text and key.display in listed.text and "laptop" in listed.text
+    assert listed.headers["cache-control"] == "no-store"
+
+
+async def test_revoking_asks_first_then_the_api_refuses_the_key(browser, store):
+    await browser.sign_up("ada@example.com")
+    secret = _SECRET.search((await create_key(browser, "ci")).text).group(1)
+    auth = {"Authorization": f"Bearer {secret}"}
+    assert (await browser.client.get("/v1/models", headers=auth)).status_code == 200
+    [key] = (await store.list_keys("ada@example.com")).data
+
+    confirm = await browser.get(f"/keys/{key.id}/revoke")
+    assert confirm.status_code == 200 and "Revoke this key" in confirm.text
+    assert not (await store.list_keys("ada@example.com")).data[0].revoked
+
+    done = await browser.submit(f"/keys/{key.id}/revoke", f"/keys/{key.id}/revoke")
+    assert (done.status_code, done.headers["location"]) == (303, "/console/keys")
+    page = await browser.get("/keys")
+    assert "is revoked" in page.text and "Revoke…" not in page.text
+    refused = await browser.client.get("/v1/models", headers=auth)
+    assert refused.status_code == 401 and "revoked" in refused.json()["error"]["message"]
+
+
+async def test_another_users_key_cannot_be_revoked(browser, store):
+    bob = await store.create_user("bob@example.com")
+    bobs = await store.create_key(bob.id, "bob's")
+    await browser.sign_up("ada@example.com")
+    assert (await browser.get(f"/keys/{bobs.id}/revoke")).headers["location"] == "/console/keys"
+    page = await browser.get("/keys")
+    response = await browser.client.post(
+        f"/console/keys/{bobs.id}/revoke",
+        data={"csrf_token": re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)},
+    )
+    assert response.status_code == 404 and "No API key with id" in response.text
+    assert not (await store.list_keys(bob.id)).data[0].revoked
+
+
+async def test_key_names_and_the_key_limit_are_explained(browser, store):
+    await browser.sign_up("ada@example.com")
+    empty = await create_key(browser, "   ")
+    assert empty.status_code == 400 and "Key name: is required." in empty.text
+    long = await create_key(browser, "x" * 101)
+    assert long.status_code == 400 and "Key name: must be at most 100 characters." in long.text
+    for n in range(store.max_keys_per_user):
+        assert (await create_key(browser, f"k{n}")).status_code == 201
+    full = await create_key(browser, "one more")
+    assert full.status_code == 409 and "Revoke one first" in full.text
+
+
+async def test_the_quick_start_names_the_public_base_url_and_plan(browser):
+    await browser.sign_up("ada@example.com")
+    keys = await browser.get("/keys")
+    assert 'base_url="http://127.0.0.1:8123/v1"' in keys.text
+    assert 'os.environ["SERVICEAI_API_KEY"]' in keys.text
+    plan = await browser.get("/plan")
+    assert "Plan: <span class=\"plan\">free</span>" in plan.text
+
+
+async def test_the_plan_page_shows_todays_usage_against_the_plans_limits(browser, store):
+    await browser.sign_up("ada@example.com")
+    key = await store.create_key("ada@example.com", "laptop")
+    yesterday = today() - timedelta(days=1)
+    await store.record_usage({
+        UsageKey(key.id, "ServiceAi-Pro", today()): UsageCount(3, 30, 12),
+        UsageKey(key.id, "ServiceAi-Pro", yesterday): UsageCount(100, 1000, 1000),
+    })
+    page = (await browser.get("/plan")).text
+    pro = page[page.index('data-model="ServiceAi-Pro"'):]
+    pro = pro[:pro.index("</tr>")]
+    # Today's 3 requests and 42 tokens, not yesterday's; the free plan's Pro limits.
+    assert re.findall(r'<td class="number">([^<]+)</td>', pro)[:2] == ["3", "42"]
+    assert "200,000" in pro and "10 requests<br>20,000 tokens" in pro
+    fast = page[page.index('data-model="ServiceAi-Fast"'):]
+    assert re.findall(r'<td class="number">([^<]+)</td>', fast)[:2] == ["0", "0"]
+    assert "20,000,000" in fast[:fast.index("</tr>")]
+
+
+async def test_a_plan_the_service_does_not_offer_is_said_plainly(browser, store):
+    await browser.sign_up("ada@example.com")
+    await store.update_user("ada@example.com", plan="gold")
+    page = await browser.get("/plan")
+    assert page.status_code == 200 and "plan &#39;gold&#39; is not offered" in page.text
+    assert "no limits configured" in page.text
+
+
+async def test_security_headers_and_html_errors(browser):
+    page = await browser.get("/sign-in")
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert page.headers["x-content-type-options"] == "nosniff"
+    missing = await browser.get("/nowhere")
+    assert missing.status_code == 404 and "There is no page at /console/nowhere" in missing.text
+    assert missing.headers["content-type"].startswith("text/html")
+    assert (await browser.get("/static/console.js")).status_code == 200
+    root = await browser.client.get("/console/", follow_redirects=False)
+    assert root.headers["location"] == "/console/sign-in"
