@@ -9,7 +9,7 @@ import psutil
 
 GRANDCHILD = (
     "import time; from deployments.engine_lifetime import exit_with_parent; "
-    "exit_with_parent(); time.sleep(60)"
+    "exit_with_parent(); print('armed', flush=True); time.sleep(60)"
 )
 PARENT = (
     "import subprocess, sys, time; "
@@ -28,7 +28,8 @@ def gone(pid: int) -> bool:
 def test_process_exits_when_its_parent_is_killed():
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     grandchild = int(parent.stdout.readline())
-    time.sleep(0.5)
+    # The grandchild writes to the same pipe once armed; a loaded machine may take seconds.
+    assert parent.stdout.readline().strip() == "armed"
     assert not gone(grandchild)
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
