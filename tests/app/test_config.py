@@ -86,3 +86,29 @@ def test_ingress_pinning_rollout_and_drain_options_reach_serve():
     assert ingress._replica_config.resource_dict == {"CPU": 0.25, "serviceai_ingress": 0.001}
     assert ingress._deployment_config.max_surge_percent == 25
     assert ingress._deployment_config.graceful_shutdown_timeout_s == 600
+
+
+def test_every_plan_must_limit_every_served_type_and_free_must_exist():
+    args = app_args()
+    del args["plans"]["pro"]["ServiceAi-Coder"]
+    with pytest.raises(ValidationError) as info:
+        ServiceConfig.model_validate(args)
+    assert "plan 'pro' gives no limits for model types ['ServiceAi-Coder']" in str(info.value)
+
+    args = app_args()
+    del args["plans"]["free"]
+    with pytest.raises(ValidationError, match="plans must include 'free'"):
+        ServiceConfig.model_validate(args)
+
+    args = app_args()
+    args["plans"]["free"]["ServiceAi-Pro"]["requests_per_minute"] = 0
+    with pytest.raises(ValidationError) as info:
+        ServiceConfig.model_validate(args)
+    assert "plans.free.ServiceAi-Pro.requests_per_minute" in str(info.value)
+
+
+def test_a_config_serving_fewer_types_keeps_the_full_plans():
+    args = app_args()
+    args["model_types"] = args["model_types"][:1]
+    config = ServiceConfig.model_validate(args)
+    assert config.plans.get("free").on("ServiceAi-Fast").requests_per_minute == 1000

@@ -116,6 +116,8 @@ def broken_app(stack):
     broken = dict(args["model_types"][0], name="ServiceAi-Broken", model="/nonexistent/model",
                   model_env=None, health_check_period_s=1)
     args["model_types"] = [broken]
+    args["plans"] = {plan: {"ServiceAi-Broken": limits["ServiceAi-Fast"]}
+                     for plan, limits in args["plans"].items()}
     serve._run(build_app(args), name="broken", route_prefix="/broken", _blocking=False)
     yield f"{stack.origin}/broken"
     serve.delete("broken", _blocking=True)
