@@ -11,6 +11,8 @@ from app.dispatch import ModelRouter
 from app.errors import ApiError, install_error_handlers
 from app.keystore.errors import KeyStoreError
 from app.ratelimit import RateLimits
+from app.observability.metrics import InFlight
+from app.observability.request_record import ObservedRequests
 from app.routes import account, admin, chat, health
 from app.routes import models as model_routes
 from app.usage_meter import UsageMeter
@@ -24,6 +26,7 @@ def create_api(
     limits: RateLimits,
     usage: UsageMeter,
     admin_token: SecretStr | None = None,
+    in_flight: InFlight | None = None,
 ) -> FastAPI:
     """Build the HTTP API around a model router, a key verifier, the plans' rate limits and the
     usage meter; /admin only with a token."""
@@ -38,6 +41,7 @@ def create_api(
     api.state.limits = limits
     api.state.usage = usage
     install_error_handlers(api)
+    api.add_middleware(ObservedRequests, in_flight=in_flight or InFlight())
     api.add_exception_handler(KeyStoreError, _store_error)
     api.include_router(health.router)
     api.include_router(model_routes.router)

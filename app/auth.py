@@ -24,8 +24,10 @@ from app.keystore import KeyOwner, KeyStore, keygen
 from app.keystore.errors import KeyStoreError
 from app.keystore.schemas import ApiKey
 from app.periodic import PeriodicFlush
+from app.observability.metrics import authentication_failed
+from app.observability.request_record import record_of
 
-logger = logging.getLogger("serviceai")
+logger = logging.getLogger("ray.serve.serviceai")
 
 MISSING = "Missing Authorization header."
 WRONG_SCHEME = "The Authorization header must use the Bearer scheme."
@@ -34,6 +36,16 @@ MALFORMED = f"The API key is malformed: a ServiceAi key is {keygen.KEY_SHAPE}."
 UNKNOWN = "The API key is not recognised."
 REVOKED = "The API key has been revoked."
 USER_DISABLED = "The account that owns this API key is disabled."
+# The `reason` label of serviceai_authentication_failures: a fixed set, never the key.
+_REASON_LABELS = {
+    MISSING: "missing",
+    WRONG_SCHEME: "wrong_scheme",
+    EMPTY: "empty",
+    MALFORMED: "malformed",
+    UNKNOWN: "unknown",
+    REVOKED: "revoked",
+    USER_DISABLED: "user_disabled",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +203,7 @@ class KeyVerifier:
 
 
 def invalid_key(reason: str) -> ApiError:
+    authentication_failed(_REASON_LABELS[reason])
     return ApiError(
         401,
         f"{reason} Send 'Authorization: Bearer <API_KEY>' with a valid key.",
@@ -223,4 +236,6 @@ def bearer_token(request: Request) -> str:
 async def authenticate(
     request: Request, _: HTTPAuthorizationCredentials | None = Security(_bearer)
 ) -> Caller:
-    return await request.app.state.keys.verify(bearer_token(request))
+    caller = await request.app.state.keys.verify(bearer_token(request))
+    record_of(request).key_id = caller.key_id
+    return caller

@@ -50,6 +50,8 @@ class IngressConfig(BaseModel):
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
             "max_surge_percent": self.max_surge_percent,
             "ray_actor_options": {"num_cpus": self.num_cpus},
+            # One JSON object a line: the access log's fields (app/observability) are keys.
+            "logging_config": {"encoding": "JSON"},
         }
         if self.resources:
             options["ray_actor_options"]["resources"] = dict(self.resources)

@@ -21,7 +21,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from app.errors import ApiError
 from deployments.generation import GenerationChunk, GenerationError, GenerationRequest
 
-logger = logging.getLogger("serviceai")
+logger = logging.getLogger("ray.serve.serviceai")
 
 RETRY_AFTER_UNAVAILABLE_S = 5
 RETRY_AFTER_OVERLOADED_S = 1

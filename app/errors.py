@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-logger = logging.getLogger("serviceai")
+logger = logging.getLogger("ray.serve.serviceai")
 
 
 class ApiError(Exception):

@@ -17,10 +17,11 @@ from app.console import mount_console
 from app.dispatch import ModelRouter
 from app.keystore import open_store
 from app.ratelimit import RateLimits, open_storage
+from app.observability.metrics import InFlight
 from app.settings import get_settings
 from app.usage_meter import UsageMeter
 
-logger = logging.getLogger("serviceai")
+logger = logging.getLogger("ray.serve.serviceai")
 
 MODEL_APP_WAIT_S = 300.0
 
@@ -58,16 +59,27 @@ class Ingress:
         )
         self._usage = UsageMeter(store, flush_every_s=settings.usage_flush_s)
         self._usage.start()
+        self._in_flight = InFlight()
+        self._gauges = asyncio.get_running_loop().create_task(
+            self._in_flight.publish_periodically()
+        )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         api = create_api(
-            self._router, self._keys, self._limits, self._usage, self._settings.admin_token
+            self._router,
+            self._keys,
+            self._limits,
+            self._usage,
+            self._settings.admin_token,
+            self._in_flight,
         )
         mount_console(api, self._settings)
         return api
 
     async def __del__(self) -> None:
         """Serve's graceful shutdown: write the last-used times and usage still in memory."""
+        if hasattr(self, "_gauges"):
+            self._gauges.cancel()
         if hasattr(self, "_usage"):
             await self._limits.close()
             await self._usage.close()

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-logger = logging.getLogger("serviceai")
+logger = logging.getLogger("ray.serve.serviceai")
 
 
 class PeriodicFlush:

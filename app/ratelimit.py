@@ -24,9 +24,10 @@ from redis.asyncio import BlockingConnectionPool
 from app.auth import Caller
 from app.counters import Counters, charge, release, snapshot
 from app.errors import ApiError
+from app.observability.metrics import rate_limited
 from app.plans import ModelTypeLimits, Plan, Plans
 
-logger = logging.getLogger("serviceai")
+logger = logging.getLogger("ray.serve.serviceai")
 
 RATE_LIMITED = "rate_limit_exceeded"
 QUOTA_SPENT = "insufficient_quota"
@@ -178,9 +179,11 @@ class RateLimits:
             max_tokens, now,
         )
         if refusal is not None:
+            limit, error = refusal
+            rate_limited(limit, caller.plan, model_type)
             self.in_background(release(self.storage, counters))
-            refusal.headers.update(headers)
-            raise refusal
+            error.headers.update(headers)
+            raise error
         return Admission(self, counters, headers)
 
     def _storage_failed(self, exc: Exception) -> Admission:
@@ -257,11 +260,12 @@ def _refusal(
     in_flight: int,
     max_tokens: int | None,
     now: float,
-) -> ApiError | None:
-    """The 429 this request gets, if any: quota first (no retry helps), then the rates."""
+) -> tuple[str, ApiError] | None:
+    """The limit a request hits and its 429, if any: quota first (no retry helps), then the
+    rates. The limit's name is the `limit` label of serviceai_rate_limited."""
     if daily.remaining <= 0 or (max_tokens is not None and max_tokens > daily.remaining):
         asked = "" if daily.remaining <= 0 else f" The reply may take {max_tokens} (max_tokens)."
-        return ApiError(
+        return "tokens_per_day", ApiError(
             429,
             f"You exceeded your daily token quota for {model_type}: {daily.remaining} of "
             f"{limits.tokens_per_day} tokens left today (UTC).{asked} The quota resets at "
@@ -271,28 +275,28 @@ def _refusal(
             headers={"x-should-retry": "false"},
         )
     if requests.used > requests.limit:
-        return _too_many(
+        return "requests_per_minute", _too_many(
             "requests",
             f"Rate limit reached for {model_type} on requests per minute: limit "
             f"{requests.limit}.",
             requests.resets_in(now),
         )
     if in_flight > limits.concurrent_requests:
-        return _too_many(
+        return "concurrent_requests", _too_many(
             "requests",
             f"Rate limit reached for {model_type} on concurrent requests: limit "
             f"{limits.concurrent_requests} at once. Wait for one to finish.",
             1,
         )
     if tokens.remaining <= 0:
-        return _too_many(
+        return "tokens_per_minute", _too_many(
             "tokens",
             f"Rate limit reached for {model_type} on tokens per minute: limit {tokens.limit}, "
             f"used {tokens.used}.",
             tokens.resets_in(now),
         )
     if max_tokens is not None and max_tokens > tokens.remaining:
-        return _too_many(
+        return "tokens_per_minute", _too_many(
             "tokens",
             f"Rate limit reached for {model_type} on tokens per minute: the reply may take "
             f"{max_tokens} tokens (max_tokens), more than the {tokens.remaining} of "

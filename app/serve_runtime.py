@@ -18,6 +18,8 @@ SERVE_ENV: dict[str, str] = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     # Ray starts workers at nice 15; on a serving node the engines are the work.
     "RAY_worker_niceness": "0",
+    # A client's x-request-id is checked (length, characters) before Serve adopts it.
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "app.observability.request_id:http_middlewares",
 }
 
 

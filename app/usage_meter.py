@@ -15,7 +15,7 @@ from app.keystore.errors import KeyStoreError
 from app.keystore.usage import UsageCount, UsageKey
 from app.periodic import PeriodicFlush
 
-logger = logging.getLogger("serviceai")
+logger = logging.getLogger("ray.serve.serviceai")
 
 
 def utc_today() -> date:

@@ -16,6 +16,7 @@ from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind
+from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
@@ -45,10 +46,13 @@ class VllmEngine:
         self.max_model_len: int = engine.model_config.max_model_len
 
     @classmethod
-    def start(cls, engine_kwargs: dict[str, Any], stat_loggers: list[Any] | None = None) -> VllmEngine:
-        """Build the engine; blocks until the model is loaded and the engine core is up."""
+    def start(cls, engine_kwargs: dict[str, Any]) -> VllmEngine:
+        """Build the engine; blocks until the model is loaded and the engine core is up.
+
+        vLLM's engine metrics (vllm:*) go out through Ray's metrics API, beside the ingress's.
+        """
         args = AsyncEngineArgs(**engine_kwargs)
-        return cls(AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers))
+        return cls(AsyncLLM.from_engine_args(args, stat_loggers=[RayPrometheusStatLogger]))
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """Yield the reply as it is generated; closing the iterator aborts the engine request."""

@@ -136,6 +136,7 @@ class Stack:
     database_url: str
     admin_token: str
     key_cache_ttl_s: float
+    metrics_url: str
     secrets: list[str] = field(default_factory=list)
 
     @property
@@ -189,12 +190,16 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     port = free_port()
     # What the console's quick-start shows: this stack's own address.
     os.environ["SERVICEAI_PUBLIC_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
+    metrics_port = free_port()
     ray.init(
         num_cpus=4,
         include_dashboard=False,
         log_to_driver=False,
         _temp_dir=str(ray_dir),
         object_store_memory=512 * 1024 * 1024,
+        # Ray's Prometheus endpoint, exported every second (default 10 s) so tests wait less.
+        _metrics_export_port=metrics_port,
+        _system_config={"metrics_report_interval_ms": 1000},
     )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -208,6 +213,7 @@ def stack(stack_lock: None) -> Iterator[Stack]:
             database_url=database_url,
             admin_token=admin_token,
             key_cache_ttl_s=STACK_KEY_CACHE_TTL_S,
+            metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
             secrets=[api_key, admin_token],
         )
     finally:

@@ -23,7 +23,7 @@ from app.errors import request_id_of
 from app.keystore.errors import KeyStoreError
 from app.settings import Settings
 
-logger = logging.getLogger("serviceai")
+logger = logging.getLogger("ray.serve.serviceai")
 
 PREFIX = "/console"
 SESSION_COOKIE = "serviceai_console"

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import (
 from app.keystore import migrate
 from app.keystore.errors import StoreUnavailable
 
-logger = logging.getLogger("serviceai")
+logger = logging.getLogger("ray.serve.serviceai")
 
 CONNECT_TIMEOUT_S = 5
 # What a database that is down, restarting or locked raises; everything else is a bug.

@@ -25,6 +25,7 @@ from app.keystore.schemas import (
     UserCreate,
     UserUpdate,
 )
+from app.observability.metrics import authentication_failed
 from app.protocol import ErrorResponse
 
 _admin_bearer = HTTPBearer(
@@ -38,6 +39,7 @@ def require_admin(
     expected: bytes = request.app.state.admin_token
     given = credentials.credentials.encode() if credentials else b""
     if not hmac.compare_digest(given, expected):
+        authentication_failed("admin_token")
         raise ApiError(
             401,
             "The admin API needs 'Authorization: Bearer <admin token>' with the configured "

@@ -14,6 +14,7 @@ from sse_starlette import EventSourceResponse
 from app.auth import Caller, authenticate
 from app.dispatch import ModelEndpoint, ModelRouter
 from app.errors import ApiError
+from app.observability.request_record import RequestRecord, record_of
 from app.protocol import (
     AssistantMessage,
     ChatCompletion,
@@ -58,12 +59,15 @@ async def create_chat_completion(
 ):
     models: ModelRouter = request.app.state.models
     endpoint = models.resolve(body.model)
+    record = record_of(request)
+    record.model_type = endpoint.name  # a 429 below is counted against the type it asked for
     limits: RateLimits = request.app.state.limits
     reply_tokens = None if body.reply_limit is None else body.reply_limit * (body.n or 1)
     admission = await limits.admit(caller, endpoint.name, reply_tokens)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = body.to_generation(completion_id)
     created = int(time.time())
+    record.sent_to(endpoint.name, body.stream)
 
     def done(prompt_tokens: int, completion_tokens: int) -> None:
         """The engine's real usage, charged to the rate limits and metered for the key."""
@@ -84,9 +88,12 @@ async def create_chat_completion(
         raise
 
     if body.stream:
+        record.first_token(first.prompt_tokens)
         encoder = ChunkEncoder(completion_id, created, endpoint.name, body.include_usage)
         return EventSourceResponse(
-            _events(encoder, endpoint, first, stream, body.n or 1, body.include_usage, done),
+            _events(
+                encoder, endpoint, first, stream, body.n or 1, body.include_usage, done, record
+            ),
             sep="\n",
             ping=SSE_PING_S,
             headers=admission.headers,
@@ -94,6 +101,7 @@ async def create_chat_completion(
 
     completion_tokens = sum(d.token_count for d in result.deltas)
     done(result.prompt_tokens, completion_tokens)
+    record.completed(result.prompt_tokens, completion_tokens)
     response.headers.update(admission.headers)
     return ChatCompletion(
         id=completion_id,
@@ -119,9 +127,11 @@ async def _events(
     choices: int,
     include_usage: bool,
     done: Callable[[int, int], None],
+    record: RequestRecord,
 ) -> AsyncIterator[str]:
     completion_tokens = 0
     finished = False
+    error_status = None
     try:
         for index in range(choices):
             yield encoder.role(index)
@@ -137,9 +147,13 @@ async def _events(
         raise
     except Exception as exc:
         finished = True
-        yield error_event(endpoint.error(exc).body())
+        error = endpoint.error(exc)
+        error_status = error.status
+        yield error_event(error.body())
     finally:
-        if not finished:
+        if finished:
+            record.stream_ended(completion_tokens, error_status)
+        else:
             # The client went away: free the engine at once rather than generate for nobody.
             stream.cancel()
         # Whatever the engine produced counts, a stream the client cut off included.

@@ -1,0 +1,1 @@
+"""What an operator sees of the service: request ids, metrics, the access log."""
