@@ -14,7 +14,8 @@ from app.api import create_api
 from app.auth import KeyVerifier
 from app.dispatch import ModelRouter
 from app.keystore import Database, KeyStore
-from tests.app.conftest import bearer
+from app.usage_meter import UsageMeter
+from tests.app.conftest import bearer, shipped_limits
 from tests.conftest import PostgresDatabases, error_of
 from tests.tcp_proxy import TcpProxy
 
@@ -29,7 +30,9 @@ async def outage(postgres: PostgresDatabases) -> AsyncIterator[tuple[TcpProxy, h
     user = await store.create_user("ada@example.com")
     key = (await store.create_key(user.id, "first")).key
     # No verdict cache: every request asks the store, as a cache miss would.
-    app = create_api(ModelRouter({}, created=0), KeyVerifier(store, ttl_s=0))
+    app = create_api(
+        ModelRouter({}, created=0), KeyVerifier(store, ttl_s=0), shipped_limits(), UsageMeter(store)
+    )
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=bearer(key)) as client:
         yield proxy, client, key
