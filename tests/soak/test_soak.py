@@ -61,9 +61,10 @@ def check_stream(lines: list[str], model: str) -> int:
     return usage["usage"]["completion_tokens"]
 
 
-async def one_client(http: httpx.AsyncClient, deadline: float, rng: random.Random, tally: Tally) -> None:
+async def one_client(
+    http: httpx.AsyncClient, model: str, deadline: float, rng: random.Random, tally: Tally
+) -> None:
     while time.monotonic() < deadline:
-        model = rng.choice(MODEL_TYPES)
         leave_after = rng.randint(1, 60) if rng.random() < DISCONNECT_SHARE else None
         body = {
             "model": model,
@@ -144,7 +145,9 @@ async def test_soak(stack: Stack):
         deadline = time.monotonic() + DURATION_S
         await asyncio.gather(
             sample_memory(deadline),
-            *(one_client(http, deadline, random.Random(i), tally) for i in range(CLIENTS)),
+            # A type per client, spread evenly: 22/21/21 stay under the pro plan's 32 concurrent.
+            *(one_client(http, MODEL_TYPES[i % len(MODEL_TYPES)], deadline, random.Random(i), tally)
+              for i in range(CLIENTS)),
         )
     samples.append({"t": round(DURATION_S), **{n: round(rss_mib(p), 1) for n, p in processes.items()}})
 
