@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install browser run test bench bench-gateway lock clean
+.PHONY: install browser run test soak bench bench-gateway lock clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ run: install
 
 test: install browser
 	$(BIN)/python -m pytest
+
+# 64 streaming clients for 60 s, 30% leaving mid-stream; figures in bench/results/soak-*.json.
+soak: install
+	$(BIN)/python -m pytest -m soak tests/soak -s
 
 # Bare vLLM vs this service with vLLM's own load generator; updates README's table (~10 min).
 bench: install

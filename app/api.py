@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import SecretStr
 
 from app.auth import KeyVerifier
+from app.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from app.cors import install_cors
 from app.dispatch import ModelRouter
 from app.errors import ApiError, install_error_handlers
 from app.keystore.errors import KeyStoreError
@@ -27,6 +31,9 @@ def create_api(
     usage: UsageMeter,
     admin_token: SecretStr | None = None,
     in_flight: InFlight | None = None,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    cors_origins: Sequence[str] = (),
 ) -> FastAPI:
     """Build the HTTP API around a model router, a key verifier, the plans' rate limits and the
     usage meter; /admin only with a token."""
@@ -41,8 +48,11 @@ def create_api(
     api.state.limits = limits
     api.state.usage = usage
     install_error_handlers(api)
-    api.add_middleware(ObservedRequests, in_flight=in_flight or InFlight())
     api.add_exception_handler(KeyStoreError, _store_error)
+    install_cors(api, cors_origins)
+    api.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
+    # Outermost, so that refusals of the inner layers (413, CORS) are counted and logged too.
+    api.add_middleware(ObservedRequests, in_flight=in_flight or InFlight())
     api.include_router(health.router)
     api.include_router(model_routes.router)
     api.include_router(chat.router)

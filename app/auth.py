@@ -32,6 +32,7 @@ logger = logging.getLogger("ray.serve.serviceai")
 MISSING = "Missing Authorization header."
 WRONG_SCHEME = "The Authorization header must use the Bearer scheme."
 EMPTY = "The Authorization header carries no API key."
+REPEATED = "The request carries more than one Authorization header; send exactly one."
 MALFORMED = f"The API key is malformed: a ServiceAi key is {keygen.KEY_SHAPE}."
 UNKNOWN = "The API key is not recognised."
 REVOKED = "The API key has been revoked."
@@ -221,9 +222,13 @@ _bearer = HTTPBearer(
 
 def bearer_token(request: Request) -> str:
     """The token of a `Bearer` Authorization header, or a 401 naming what is wrong with it."""
-    header = request.headers.get("authorization")
-    if not header:
+    headers = request.headers.getlist("authorization")
+    if not headers or not headers[0]:
         raise invalid_key(MISSING)
+    # Proxies disagree on which of several to use: refuse rather than guess.
+    if len(headers) > 1:
+        raise invalid_key(REPEATED)
+    header = headers[0]
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer":
         raise invalid_key(WRONG_SCHEME)

@@ -81,13 +81,16 @@ def _is_field_name(part: Any) -> bool:
     )
 
 
+JSON_INVALID = (
+    "We could not parse the JSON body of your request. The body must be valid JSON in UTF-8 "
+    "(check quoting, commas and brackets)."
+)
+
+
 def _validation_message(error: Mapping[str, Any], param: str | None) -> str:
     kind = error.get("type", "")
     if kind == "json_invalid":
-        return (
-            "We could not parse the JSON body of your request. The body must be valid JSON "
-            "(check quoting, commas and brackets)."
-        )
+        return JSON_INVALID
     if kind == "missing":
         return f"Missing required parameter: '{param}'."
     message = str(error.get("msg", "Invalid value."))
@@ -121,6 +124,9 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     elif exc.status_code == 405:
         message = f"Method {request.method} is not allowed for {request.url.path}."
         code = "method_not_allowed"
+    elif exc.status_code == 400 and exc.__cause__ is not None:
+        # FastAPI's wrapper of a body its JSON decoder choked on (invalid UTF-8, nesting depth).
+        message, code = JSON_INVALID, "invalid_json"
     else:
         message, code = str(exc.detail), None
     return ApiError(

@@ -65,15 +65,18 @@ class Ingress:
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
+        settings = self._settings
         api = create_api(
             self._router,
             self._keys,
             self._limits,
             self._usage,
-            self._settings.admin_token,
+            settings.admin_token,
             self._in_flight,
+            max_body_bytes=settings.max_body_bytes,
+            cors_origins=settings.cors_origins,
         )
-        mount_console(api, self._settings)
+        mount_console(api, settings)
         return api
 
     async def __del__(self) -> None:

@@ -10,6 +10,10 @@ from deployments.generation import GenerationRequest, SamplingOptions
 
 MAX_CHOICES = 8
 MAX_STOP_SEQUENCES = 4
+# The engine's sampler takes a 64-bit seed; a larger one failed inside the engine as a 503.
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# More than any context; a larger count overflowed on its way to the engine (a 500).
+TokenCount = Annotated[int, Field(le=2**31 - 1)]
 
 
 class TextPart(BaseModel):
@@ -57,14 +61,14 @@ class ChatCompletionRequest(BaseModel):
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
     # vLLM's extensions, used by `vllm bench serve` and other vLLM-aware clients.
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    min_tokens: Annotated[TokenCount, Field(ge=0)] = 0
 
     @field_validator("stop")
     @classmethod

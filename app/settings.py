@@ -13,6 +13,8 @@ from limits import parse_many
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.body_limit import DEFAULT_MAX_BODY_BYTES
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///{PROJECT_ROOT / '.serviceai' / 'serviceai.db'}"
 MIN_ADMIN_TOKEN_LENGTH = 24
@@ -84,6 +86,17 @@ class Settings(BaseSettings):
     )
     usage_flush_s: float = Field(
         15.0, gt=0, description="How often a replica writes its usage counts, batched."
+    )
+    max_body_bytes: int = Field(
+        DEFAULT_MAX_BODY_BYTES,
+        ge=1024,
+        description="Largest request body accepted, in bytes; a larger one is refused with 413 "
+        "while it is read, whether it declares its length or comes chunked.",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description='Browser origins that may call the API (a JSON list, e.g. '
+        '["http://localhost:3000"]); empty: CORS closed, no browser page can read an answer.',
     )
     public_base_url: str = Field(
         "http://127.0.0.1:8000/v1",

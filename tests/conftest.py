@@ -202,7 +202,9 @@ def stack(stack_lock: None) -> Iterator[Stack]:
         _system_config={"metrics_report_interval_ms": 1000},
     )
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        # The local profile's address (127.0.0.1), so tests/e2e/test_exposure.py checks it.
+        host = yaml.safe_load(SERVE_CONFIG.read_text())["http_options"]["host"]
+        serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(app_args()), name=APP_NAME, route_prefix="/")
         origin = f"http://127.0.0.1:{port}"
         _wait_until_every_type_answers(origin, api_key)

@@ -66,6 +66,15 @@ async def test_malformed_json_is_400(client):
     assert "JSON" in error["message"]
 
 
+@pytest.mark.parametrize(
+    "body", [b'{"name": "\xff\xfe", "items": []}', b'{"name": "x", "items": ' + b"[" * 100_000]
+)
+async def test_undecodable_or_too_deep_json_is_400_about_json(client, body):
+    response = await client.post("/echo", content=body, headers={"content-type": "application/json"})
+    error = envelope(response)
+    assert response.status_code == 400 and "JSON" in error["message"] and "UTF-8" in error["message"]
+
+
 async def test_missing_field_names_it(client):
     response = await client.post("/echo", json={"items": [1]})
     assert response.status_code == 400

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -74,29 +75,47 @@ def serves(http, model: str) -> bool:
 
 
 def test_engine_death_mid_stream_ends_the_stream_with_an_error_then_recovers(stack, http, client):
+    replica = replica_process(stack, "ServiceAi-Coder")
     pids = engine_core_pids(stack, "ServiceAi-Coder")
     assert pids, "no engine core process found"
-    with http.stream("POST", "/v1/chat/completions", json={"model": "ServiceAi-Coder", **LONG}) as response:
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        for _ in range(5):
-            next(lines)
+    # Step 1: two streams flowing on Coder when its engine process is killed.
+    with contextlib.ExitStack() as streams:
+        responses = [
+            streams.enter_context(
+                http.stream("POST", "/v1/chat/completions", json={"model": "ServiceAi-Coder", **LONG})
+            )
+            for _ in range(2)
+        ]
+        readers = []
+        for response in responses:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            for _ in range(5):
+                next(lines)
+            readers.append(lines)
         started = time.monotonic()
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        rest = [line for line in lines if line]
+        # Step 2: each open stream ends with an error event and [DONE], not a hang.
+        for lines in readers:
+            rest = [line for line in lines if line]
+            assert rest[-1] == "data: [DONE]"
+            error = json.loads(rest[-2].removeprefix("data: "))["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            assert error["code"] == "model_unavailable" and "Traceback" not in error["message"]
     assert time.monotonic() - started < 30
-    assert rest[-1] == "data: [DONE]"
-    error = json.loads(rest[-2].removeprefix("data: "))["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert "Traceback" not in error["message"]
 
-    # The other model types keep serving while Serve replaces the dead replica.
-    assert client.chat.completions.create(
-        model="ServiceAi-Fast", messages=[{"role": "user", "content": "hi"}], max_tokens=3
-    ).choices
+    # Step 3: the other model types keep serving while Coder has no engine.
+    for model in ("ServiceAi-Fast", "ServiceAi-Pro"):
+        assert client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        ).choices
 
+    # Step 4: Serve replaces the replica (a new process), and Step 5: Coder serves again.
+    wait_until(lambda: not replica.is_running() or replica.status() == psutil.STATUS_ZOMBIE,
+               timeout_s=120, interval_s=1)
     wait_until(lambda: serves(http, "ServiceAi-Coder"), timeout_s=180, interval_s=2)
+    assert replica_process(stack, "ServiceAi-Coder").pid != replica.pid
 
 
 def test_killed_replica_takes_its_engine_processes_with_it(stack, http):
