@@ -56,8 +56,8 @@ class ChatCompletionRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[TokenCount, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[TokenCount, Field(ge=1)] | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None

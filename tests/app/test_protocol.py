@@ -74,6 +74,8 @@ def test_unknown_fields_are_ignored():
         ({"seed": 2**63}, "seed"),
         ({"seed": -(2**63) - 1}, "seed"),
         ({"min_tokens": 2**31}, "min_tokens"),
+        ({"max_tokens": 10**30}, "max_tokens"),
+        ({"max_completion_tokens": 2**31}, "max_completion_tokens"),
         ({"temperature": float("nan")}, "temperature"),
         ({"top_p": float("inf")}, "top_p"),
         ({"messages": []}, "messages"),
