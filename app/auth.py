@@ -46,6 +46,7 @@ _REASON_LABELS = {
     UNKNOWN: "unknown",
     REVOKED: "revoked",
     USER_DISABLED: "user_disabled",
+    REPEATED: "repeated",
 }
 
 

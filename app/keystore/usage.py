@@ -42,7 +42,8 @@ def today() -> date:
 def default_range(start: date | None, end: date | None) -> tuple[date, date]:
     """Up to today (UTC), over the last DEFAULT_DAYS days unless `start` says otherwise."""
     end = end or today()
-    return start or end - timedelta(days=DEFAULT_DAYS - 1), end
+    # Clamped at date.min: an end_date in the first days of year 1 is valid input, not a 500.
+    return start or end - timedelta(days=min(DEFAULT_DAYS - 1, (end - date.min).days)), end
 
 
 def add_statement(dialect: str) -> Insert:

@@ -180,3 +180,13 @@ async def test_last_used_times_survive_a_failed_write(store, verifier, counting)
     await verifier.flush()
     assert [set(batch) for batch in counting.batches] == [{key.id}, {key.id}]
     assert (await store.list_keys(key.user_id)).data[0].last_used_at is not None
+
+
+async def test_a_repeated_authorization_header_is_a_401_not_a_500(api, store):
+    # Found by the hostile-input tests: the refusal's metric label was missing (500).
+    user = await store.create_user("twice@serviceai.test")
+    key = (await store.create_key(user.id, "k")).key
+    headers = [("Authorization", f"Bearer {key}"), ("Authorization", f"Bearer {key}")]
+    response = await api.get("/v1/models", headers=headers)
+    assert response.status_code == 401, response.text
+    assert "more than one Authorization header" in response.json()["error"]["message"]

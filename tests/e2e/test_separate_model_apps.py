@@ -24,6 +24,7 @@ def test_ingress_deployed_first_waits_for_its_model_type_application(stack):
         "ingress": {"num_replicas": 1, "num_cpus": 0.25},
         "model_types": [fast],
         "separate_model_apps": True,
+        "plans": app_args()["plans"],
     }
     # As `serve deploy` may: the ingress application first, its model type's application after.
     serve._run(build_app(edge_args), name="edge", route_prefix="/edge", _blocking=False)

@@ -121,3 +121,9 @@ async def test_counts_survive_a_store_outage_until_the_next_round(store, keys):
     await meter.flush()
     [row] = (await store.usage(start=DAY, end=DAY)).data
     assert (row.requests, row.prompt_tokens, row.completion_tokens) == (2, 4, 5)
+
+
+async def test_an_end_date_in_year_one_is_a_range_not_an_overflow(store):
+    # Found by the schema fuzzer: end_date=0001-01-01 made the default start overflow (500).
+    listing = await store.usage(end=date.min)
+    assert (listing.start_date, listing.end_date) == (date.min, date.min)
