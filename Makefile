@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install browser run test soak bench bench-gateway lock clean
+.PHONY: install browser run test soak bench bench-ray-llm bench-gateway lock clean
 
 install: $(STAMP)
 
@@ -39,6 +39,10 @@ soak: install
 # Bare vLLM vs this service with vLLM's own load generator; updates README's table (~10 min).
 bench: install
 	$(BIN)/python -m bench.run serving
+
+# The same, then Ray Serve LLM (defaults, and direct streaming) against the same bare server.
+bench-ray-llm: install
+	$(BIN)/python -m bench.run serving --ray-llm
 
 # One-token replies at concurrency 1 and 64, with a CPU profile of each Serve process.
 bench-gateway: install

@@ -8,9 +8,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-README_START = "<!-- bench:serving:start -->"
-README_END = "<!-- bench:serving:end -->"
-
 # The overhead budget of issue 5, checked on every serving run.
 BUDGET = (
     ("output tok/s at c=32 >= 0.9x bare", lambda r: r["ours-c32"]["output_throughput"]
@@ -74,6 +71,34 @@ def serving_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+RAY_LLM_NAMES = {"ours": "ServiceAi", "ray-llm": "Ray Serve LLM, defaults",
+                 "ray-llm-direct": "Ray Serve LLM, direct streaming + HAProxy"}
+
+
+def ray_llm_table(summary: dict[str, Any]) -> str:
+    """Each contender against the bare vLLM runs of its own phase: who keeps more of bare vLLM."""
+    r = summary["results"]
+    lines = [
+        f"Against Ray Serve LLM, {summary['date']}: {summary['machine']}",
+        "Each server alternates with the same bare vLLM server in its own phase; ratios are to "
+        f"the bare runs of that phase (median of {summary['rounds']} rounds). Times in ms.",
+        "",
+        "| c | server | tok/s (x bare) | TTFT p50 (x bare) | TTFT p99 | ITL p50 / p99 |",
+        "|---:|---|---:|---:|---:|---|",
+    ]
+    for c in _concurrencies(summary):
+        for name in summary["contenders"]:
+            bare_key = "bare" if name == "ours" else f"bare-{name}"
+            b, o = r[f"{bare_key}-c{c}"], r[f"{name}-c{c}"]
+            lines.append(
+                f"| {c} | {RAY_LLM_NAMES.get(name, name)} | {o['output_throughput']:.0f} "
+                f"({o['output_throughput'] / b['output_throughput']:.2f}x) | "
+                f"{o['median_ttft_ms']:.1f} ({o['median_ttft_ms'] / b['median_ttft_ms']:.2f}x) | "
+                f"{o['p99_ttft_ms']:.1f} | {o['median_itl_ms']:.2f} / {o['p99_itl_ms']:.1f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def gateway_table(summary: dict[str, Any]) -> str:
     r = summary["results"]
     lines = [
@@ -134,13 +159,15 @@ def serving_chart(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def update_readme(readme: Path, summary: dict[str, Any], table: str) -> None:
-    """Replace the benchmark section of the README with this run's table and chart."""
+def update_readme(readme: Path, summary: dict[str, Any], table: str, section: str = "serving") -> None:
+    """Replace one benchmark section of the README (between its markers) with this run's table."""
+    start, end = f"<!-- bench:{section}:start -->", f"<!-- bench:{section}:end -->"
+    chart = "\n![TTFT and throughput](bench/results/latest-serving.png)" if section == "serving" else ""
+    block = f"{start}\n{table}{chart}\n{end}"
     text = readme.read_text()
-    section = f"{README_START}\n{table}\n![TTFT and throughput](bench/results/latest-serving.png)\n{README_END}"
-    pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.S)
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
     if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
+        text = pattern.sub(lambda _: block, text)
     else:
-        text = text.rstrip() + "\n\n## Performance\n\n" + section + "\n"
+        text = text.rstrip() + "\n\n" + block + "\n"
     readme.write_text(text)

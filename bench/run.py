@@ -19,7 +19,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from bench.servers import (
     bare_pids,
     bare_vllm,
     free_port,
+    ray_serve_llm,
     replica_pids,
     serviceai,
 )
@@ -44,6 +47,8 @@ SERVE_ENV: dict[str, str] = {}
 
 SERVING = {"input_len": 64, "output_len": 64, "concurrency": {1: 40, 8: 160, 32: 320}}
 GATEWAY = {"input_len": 16, "output_len": 1, "concurrency": {1: 200, 64: 1600}}
+# Ray Serve LLM's two modes (issue 5): name in the results -> direct streaming.
+RAY_LLM_MODES = {"ray-llm": False, "ray-llm-direct": True}
 METRICS = (
     "output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms",
     "median_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms",
@@ -79,40 +84,55 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {m: statistics.median(r[m] for r in runs) for m in METRICS}
 
 
-def run_mode(mode: str, rounds: int, profile: bool) -> dict[str, Any]:
+def run_mode(mode: str, rounds: int, profile: bool, ray_llm: bool) -> dict[str, Any]:
+    """Bare vLLM against this service, then (with `ray_llm`) against each mode of Ray Serve LLM.
+
+    Bare vLLM stays up throughout; each contender runs in its own phase, alternating with it,
+    so every ratio compares two servers measured in the same minutes.
+    """
     spec = SERVING if mode == "serving" else GATEWAY
     model_dir = ensure(tiny_model_dir())
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     raw = RESULTS / "raw" / f"{stamp}-{mode}"
     raw.mkdir(parents=True, exist_ok=True)
-    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    contenders: dict[str, Callable[[], AbstractContextManager[Server]]] = {
+        "ours": lambda: serviceai(free_port(), raw, SERVE_ENV)
+    }
+    if ray_llm:
+        for name, direct in RAY_LLM_MODES.items():
+            contenders[name] = partial(ray_serve_llm, model_dir, free_port(), raw, direct)
+    runs: dict[str, list[dict[str, Any]]] = {}
     profiles: dict[str, dict[str, Any]] = {}
-    with ExitStack() as stack:
-        bare = stack.enter_context(bare_vllm(model_dir, free_port(), raw))
-        ours = stack.enter_context(serviceai(free_port(), raw, SERVE_ENV))
-        print(f"both servers ready; logs in {raw}", flush=True)
-        for concurrency, prompts in spec["concurrency"].items():
-            for round_ in range(rounds):
-                order = (bare, ours) if round_ % 2 == 0 else (ours, bare)
-                for server in order:
-                    key = "bare" if server is bare else "ours"
-                    out = raw / f"{key}-c{concurrency}-r{round_}.json"
-                    profiling = (profile or mode == "gateway") and round_ == 0 and concurrency > 1
-                    pids = (replica_pids(ours) if key == "ours" else bare_pids(bare)) if profiling else {}
-                    with cpu_profile.cpu_profile(pids, raw) as prof:
-                        result = vllm_bench(server, model_dir, concurrency, prompts,
-                                            spec["input_len"], spec["output_len"], out)
-                    if profiling:
-                        profiles[f"{key}-c{concurrency}"] = prof.summary()
-                    runs.setdefault((key, concurrency), []).append(result)
-                    print(f"  c={concurrency:<3} round {round_} {key:4}: "
-                          f"{result['output_throughput']:8.1f} tok/s  "
-                          f"{result['request_throughput']:7.2f} req/s  "
-                          f"TTFT p50 {result['median_ttft_ms']:7.1f} ms", flush=True)
+    with bare_vllm(model_dir, free_port(), raw) as bare:
+        for name, start in contenders.items():
+            with start() as contender:
+                print(f"bare vLLM and {contender.name} ready; logs in {raw}", flush=True)
+                # "bare-c32" pairs with "ours-c32"; other phases keep their own bare runs.
+                bare_key = "bare" if name == "ours" else f"bare-{name}"
+                for concurrency, prompts in spec["concurrency"].items():
+                    for round_ in range(rounds):
+                        order = (bare, contender) if round_ % 2 == 0 else (contender, bare)
+                        for server in order:
+                            key = bare_key if server is bare else name
+                            out = raw / f"{key}-c{concurrency}-r{round_}.json"
+                            profiling = ((profile or mode == "gateway") and name == "ours"
+                                         and round_ == 0 and concurrency > 1)
+                            pids = ((replica_pids(contender) if server is contender else bare_pids(bare))
+                                    if profiling else {})
+                            with cpu_profile.cpu_profile(pids, raw) as prof:
+                                result = vllm_bench(server, model_dir, concurrency, prompts,
+                                                    spec["input_len"], spec["output_len"], out)
+                            if profiling:
+                                profiles[f"{key}-c{concurrency}"] = prof.summary()
+                            runs.setdefault(f"{key}-c{concurrency}", []).append(result)
+                            print(f"  c={concurrency:<3} round {round_} {key:18}: "
+                                  f"{result['output_throughput']:8.1f} tok/s  "
+                                  f"{result['request_throughput']:7.2f} req/s  "
+                                  f"TTFT p50 {result['median_ttft_ms']:7.1f} ms", flush=True)
     summary = {
         "mode": mode, "date": stamp, "machine": report.machine(), "spec": spec, "rounds": rounds,
-        "serve_env": SERVE_ENV,
-        "results": {f"{k}-c{c}": summarize(v) for (k, c), v in runs.items()},
+        "serve_env": SERVE_ENV, "contenders": list(contenders),
+        "results": {key: summarize(v) for key, v in runs.items()},
         "profile": profiles,
     }
     (RESULTS / f"{stamp}-{mode}.json").write_text(json.dumps(summary, indent=2))
@@ -125,6 +145,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--profile", action="store_true",
                         help="also profile the serving runs (py-spy; costs some throughput)")
+    parser.add_argument("--ray-llm", action="store_true",
+                        help="also measure Ray Serve LLM (default and direct streaming) against bare vLLM")
     parser.add_argument("--serve-env", action="append", default=[], metavar="VAR=VALUE",
                         help="extra environment of the service's Ray cluster (experiments)")
     args = parser.parse_args()
@@ -133,9 +155,14 @@ def main() -> None:
     with open(STACK_LOCK, "w") as lock:
         print(f"waiting for {STACK_LOCK} (held while a test session or benchmark runs) ...", flush=True)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        summary = run_mode(args.mode, args.rounds, args.profile)
+        summary = run_mode(args.mode, args.rounds, args.profile, args.ray_llm)
     if args.mode == "serving":
         table = report.serving_table(summary)
+        if args.ray_llm:
+            ray_table = report.ray_llm_table(summary)
+            report.update_readme(PROJECT_ROOT / "README.md", summary, ray_table, section="ray-llm")
+            (RESULTS / "latest-ray-llm.md").write_text(ray_table)
+            print(ray_table)
         report.serving_chart(summary, RESULTS / "latest-serving.png")
         report.update_readme(PROJECT_ROOT / "README.md", summary, table)
     else:

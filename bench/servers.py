@@ -143,13 +143,53 @@ def serviceai(port: int, log_dir: Path, extra_env: dict[str, str]) -> Iterator[S
     # Every request still passes the rate-limit check (its cost is measured), never refused.
     app["args"]["plans"] = {"free": {BENCH_TYPE: BENCH_LIMITS}}
     ray_tmp = Path(tempfile.mkdtemp(prefix="saib-", dir="/tmp"))
-    config_path = ray_tmp / "serve_config.yaml"
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    log = log_dir / "serviceai.log"
     runtime = cluster_env(ray_tmp / "h", stats_port=free_port(), metrics_port=free_port())
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **runtime, **extra_env}
     api_key = _provision_key(env, ray_tmp)
     server = Server("ServiceAi", f"http://127.0.0.1:{port}", api_key, BENCH_TYPE, ray_tmp)
+    with _serve_run(server, config, env, log_dir / "serviceai.log"):
+        yield server
+
+
+@contextmanager
+def ray_serve_llm(model_dir: Path, port: int, log_dir: Path, direct: bool) -> Iterator[Server]:
+    """Ray's own `ray.serve.llm` (bench/ray_serve_llm.py) on the same model and engine arguments.
+
+    Default: Ray's defaults (Python proxy, handle streaming from the LLM server to its OpenAI
+    ingress). Direct: the LLM server replica is the ingress, behind HAProxy, with Serve's
+    throughput-optimized runtime, as in Ray's own fastest configuration.
+    """
+    model_type = bench_model_type()
+    args = {
+        "model_id": BENCH_TYPE, "model_dir": str(model_dir),
+        "engine_args": model_type.get("engine_args", {}),
+        "max_ongoing_requests": model_type.get("max_ongoing_requests", 64),
+    }
+    config = {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{"name": "llm", "route_prefix": "/",
+                          "import_path": "bench.ray_serve_llm:build_app", "args": args}],
+    }
+    ray_tmp = Path(tempfile.mkdtemp(prefix="sairl-", dir="/tmp"))
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "RAY_worker_niceness": "0"}
+    if direct:
+        env |= cluster_env(ray_tmp / "h", stats_port=free_port(), metrics_port=free_port())
+        env.pop("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH")  # ours, not Ray's
+        env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
+    name = "Ray Serve LLM direct" if direct else "Ray Serve LLM"
+    server = Server(name, f"http://127.0.0.1:{port}", "unused", BENCH_TYPE, ray_tmp)
+    log = log_dir / ("ray-serve-llm-direct.log" if direct else "ray-serve-llm.log")
+    with _serve_run(server, config, env, log):
+        yield server
+
+
+@contextmanager
+def _serve_run(server: Server, config: dict[str, Any], env: dict[str, str], log: Path) -> Iterator[None]:
+    """`serve run` of `config` in its own Ray cluster (in server.ray_dir), until the block ends."""
+    assert server.ray_dir is not None
+    config_path = server.ray_dir / "serve_config.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     with open(log, "w") as out:
         process = subprocess.Popen(
             [str(BIN / "serve"), "run", str(config_path)],
@@ -157,10 +197,10 @@ def serviceai(port: int, log_dir: Path, extra_env: dict[str, str]) -> Iterator[S
         )
     try:
         _wait_for_chat(server, process, log, timeout_s=600)
-        yield server
+        yield
     finally:
-        _stop(process, [p for p in psutil.process_iter() if _uses(p, ray_tmp)])
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+        _stop(process, [p for p in psutil.process_iter() if _uses(p, server.ray_dir)])
+        shutil.rmtree(server.ray_dir, ignore_errors=True)
 
 
 def _provision_key(env: dict[str, str], folder: Path) -> str:

@@ -1,0 +1,35 @@
+"""Ray's own `ray.serve.llm` on the benchmark's model: the peer issue 5 measures us against.
+
+`serve run` imports `build_app` in a Ray cluster the benchmark starts (bench/servers.py). The
+engine arguments are those of the benchmarked type, so all three servers run the same engine.
+Direct streaming (`RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1`, read by Ray when it imports
+ray.serve.llm) makes the LLM server replica the ingress and serve vLLM's own OpenAI app, with
+no handle streaming in between.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ray.serve import Application
+
+# On 2 CPUs Ray's default of 1 CPU per replica leaves the second replica unschedulable.
+INGRESS_CPUS = 0.25
+ENGINE_CPUS = 0.5
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    from ray.serve.llm import LLMConfig, build_openai_app
+
+    config = LLMConfig(
+        model_loading_config={"model_id": args["model_id"], "model_source": args["model_dir"]},
+        engine_kwargs=args["engine_args"],
+        placement_group_config={"bundles": [{"CPU": ENGINE_CPUS}]},
+        deployment_config={"num_replicas": 1, "max_ongoing_requests": args["max_ongoing_requests"]},
+    )
+    serving: dict[str, Any] = {"llm_configs": [config]}
+    if os.environ.get("RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING") != "1":
+        # Direct streaming has no separate ingress, and refuses options for one.
+        serving["ingress_deployment_config"] = {"ray_actor_options": {"num_cpus": INGRESS_CPUS}}
+    return build_openai_app(serving)
