@@ -1,0 +1,51 @@
+"""The benchmark's report: the Ray Serve LLM table and the README sections it rewrites."""
+
+import json
+from pathlib import Path
+
+from bench import report
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+def _metrics(tok_s: float, ttft: float) -> dict[str, float]:
+    return {"output_throughput": tok_s, "median_ttft_ms": ttft, "p99_ttft_ms": 2 * ttft,
+            "median_itl_ms": 1.5, "p99_itl_ms": 9.0}
+
+
+def _summary() -> dict:
+    results = {}
+    for c in (1, 32):
+        results[f"bare-c{c}"] = _metrics(1000, 10)
+        results[f"ours-c{c}"] = _metrics(800, 12)
+        results[f"bare-ray-llm-c{c}"] = _metrics(2000, 20)
+        results[f"ray-llm-c{c}"] = _metrics(500, 100)
+    return {"date": "2026-11-22-0000", "machine": "2 cores", "rounds": 2,
+            "spec": {"concurrency": {1: 40, 32: 320}}, "contenders": ["ours", "ray-llm"],
+            "results": results}
+
+
+def test_each_contender_is_compared_with_the_bare_runs_of_its_own_phase():
+    table = report.ray_llm_table(_summary())
+    assert "| 32 | ServiceAi | 800 (0.80x) | 12.0 (1.20x) | 24.0 | 1.50 / 9.0 |" in table
+    assert "| 32 | Ray Serve LLM, defaults | 500 (0.25x) | 100.0 (5.00x) | 200.0 | 1.50 / 9.0 |" in table
+
+
+def test_a_readme_section_is_replaced_between_its_own_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "intro\n<!-- bench:serving:start -->\nold serving\n<!-- bench:serving:end -->\n"
+        "between\n<!-- bench:ray-llm:start -->\nold ray\n<!-- bench:ray-llm:end -->\nend\n"
+    )
+    report.update_readme(readme, _summary(), "new ray table\n", section="ray-llm")
+    text = readme.read_text()
+    assert "old serving" in text and "old ray" not in text
+    assert "<!-- bench:ray-llm:start -->\nnew ray table\n\n<!-- bench:ray-llm:end -->" in text
+    assert text.endswith("end\n")
+
+
+def test_the_kept_ray_llm_run_renders_with_every_row():
+    kept = json.loads((RESULTS / "2026-11-22-0950-serving.json").read_text())
+    table = report.ray_llm_table(kept)
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "server" not in line]
+    assert len(rows) == 3 * 3  # three concurrencies x three servers
