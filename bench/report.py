@@ -75,6 +75,11 @@ RAY_LLM_NAMES = {"ours": "ServiceAi", "ray-llm": "Ray Serve LLM, defaults",
                  "ray-llm-direct": "Ray Serve LLM, direct streaming + HAProxy"}
 
 
+def bare_key(contender: str) -> str:
+    """The results key of the bare runs a contender's phase alternated with ("bare-c32" for ours)."""
+    return "bare" if contender == "ours" else f"bare-{contender}"
+
+
 def ray_llm_table(summary: dict[str, Any]) -> str:
     """Each contender against the bare vLLM runs of its own phase: who keeps more of bare vLLM."""
     r = summary["results"]
@@ -88,8 +93,7 @@ def ray_llm_table(summary: dict[str, Any]) -> str:
     ]
     for c in _concurrencies(summary):
         for name in summary["contenders"]:
-            bare_key = "bare" if name == "ours" else f"bare-{name}"
-            b, o = r[f"{bare_key}-c{c}"], r[f"{name}-c{c}"]
+            b, o = r[f"{bare_key(name)}-c{c}"], r[f"{name}-c{c}"]
             lines.append(
                 f"| {c} | {RAY_LLM_NAMES.get(name, name)} | {o['output_throughput']:.0f} "
                 f"({o['output_throughput'] / b['output_throughput']:.2f}x) | "

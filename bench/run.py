@@ -107,13 +107,11 @@ def run_mode(mode: str, rounds: int, profile: bool, ray_llm: bool) -> dict[str, 
         for name, start in contenders.items():
             with start() as contender:
                 print(f"bare vLLM and {contender.name} ready; logs in {raw}", flush=True)
-                # "bare-c32" pairs with "ours-c32"; other phases keep their own bare runs.
-                bare_key = "bare" if name == "ours" else f"bare-{name}"
                 for concurrency, prompts in spec["concurrency"].items():
                     for round_ in range(rounds):
                         order = (bare, contender) if round_ % 2 == 0 else (contender, bare)
                         for server in order:
-                            key = bare_key if server is bare else name
+                            key = report.bare_key(name) if server is bare else name
                             out = raw / f"{key}-c{concurrency}-r{round_}.json"
                             profiling = ((profile or mode == "gateway") and name == "ours"
                                          and round_ == 0 and concurrency > 1)
