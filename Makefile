@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install browser run test soak bench bench-ray-llm bench-gateway lock clean
+.PHONY: install browser run test test-fast audit soak bench bench-ray-llm bench-gateway lock clean \
+	cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -29,8 +30,25 @@ browser:
 run: install
 	$(BIN)/serviceai run
 
+# Throw-away PostgreSQL and Redis where the machine's own do not answer (tests/with_services.sh).
 test: install browser
-	$(BIN)/python -m pytest
+	PYTHON=$(BIN)/python tests/with_services.sh $(BIN)/python -m pytest
+
+# Rehearse a rollout without GPUs: cluster.yaml's node types as `ray start` nodes on this machine,
+# then `serve deploy` of the production config with the tiny model (docs/deploy.md, "Rehearse").
+cluster-up: install
+	$(BIN)/python -m rehearsal up && $(BIN)/python -m rehearsal deploy
+
+cluster-down:
+	$(BIN)/python -m rehearsal down
+
+# The fast tier: no Ray, no engine (about a minute); `make test` runs it too, with the real stack.
+test-fast: install
+	$(BIN)/python -m pytest -m "not e2e and not cluster" --ignore=tests/e2e
+
+# The pinned dependencies against known vulnerabilities (also part of `make test`).
+audit: install
+	$(BIN)/python -m pytest tests/deploy/test_dependency_audit.py -rs
 
 # 64 streaming clients for 60 s, 30% leaving mid-stream; figures in bench/results/soak-*.json.
 soak: install

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -14,10 +12,12 @@ import urllib.request
 from pathlib import Path
 
 import typer
+import yaml
 
 from app.cli_accounts import EXIT_CODES, keys, usage, users, with_store
 from app.keystore import KeyStore
 from app.keystore.errors import UserNotFound
+from app.serve_process import PortRefused, ServeRun, claim_runtime_dir, clear_port
 from app.serve_runtime import cluster_env
 from app.settings import PROJECT_ROOT
 
@@ -34,39 +34,64 @@ def _root() -> None:
     """ServiceAi command line."""
 
 
-@cli.command()
+@cli.command(epilog="Exit codes: 0 stopped on request, 1 failed to start or died, 2 port refused.")
 def run(
     config: Path = typer.Option(PROJECT_ROOT / "serve_config.yaml", help="Serve config file."),
-    host: str = typer.Option("127.0.0.1", help="Address the service listens on (for the banner)."),
-    port: int = typer.Option(8000, help="Port the service listens on (for the banner)."),
-    ready_timeout_s: float = typer.Option(600, help="How long to wait for the first start."),
+    host: str | None = typer.Option(None, help="Listen address (default: the config's)."),
+    port: int | None = typer.Option(None, help="Listen port (default: the config's)."),
+    ready_timeout_s: float = typer.Option(
+        600, help="How long the service may take to start; then it is stopped (exit code 1)."
+    ),
+    stop_grace_s: float = typer.Option(
+        60, help="After SIGTERM/SIGINT/SIGHUP, how long Serve may take to shut down before "
+        "serve run is killed."
+    ),
 ) -> None:
     """Start the service with `serve run CONFIG` and say how to call it once it answers.
 
     On the first start (an empty key store) it creates the user local@localhost and a key,
-    and prints that key once.
+    and prints that key once. SIGTERM, SIGINT (Ctrl-C) or SIGHUP stops the service and
+    everything it started (Ray, the engines, HAProxy), however this command was started.
     """
-    first_key, owner = with_store(_first_start_key)
-    serve_bin = Path(sys.executable).with_name("serve")
-    typer.echo(f"Starting ServiceAi from {config} (first start takes a minute or two) ...")
+    http = yaml.safe_load(config.read_text()).get("http_options") or {}
+    host = host or http.get("host", "127.0.0.1")
+    port = port or http.get("port", 8000)
     # HAProxy's files and ports of this cluster, apart from any other on this machine.
-    runtime = cluster_env(
-        Path(tempfile.gettempdir()) / f"sai-h-{port}", stats_port=_free_port(), metrics_port=_free_port()
-    )
-    process = subprocess.Popen([str(serve_bin), "run", str(config)], env={**os.environ, **runtime})
-
-    def stop(signum: int, frame: object) -> None:
-        process.send_signal(signal.SIGINT)
-
-    signal.signal(signal.SIGTERM, stop)
-    base_url = f"http://{host}:{port}/v1"
+    runtime_dir = Path(tempfile.gettempdir()) / f"sai-h-{port}"
+    runtime = cluster_env(runtime_dir, stats_port=_free_port(), metrics_port=_free_port())
     try:
-        if _wait_ready(f"http://{host}:{port}", process, ready_timeout_s):
-            _banner(base_url, first_key, owner)
-        sys.exit(process.wait())
-    except KeyboardInterrupt:
-        process.send_signal(signal.SIGINT)
-        sys.exit(process.wait())
+        with claim_runtime_dir(runtime_dir, port):
+            clear_port(runtime_dir, host, port, typer.echo)
+            first_key, owner = with_store(_first_start_key)
+            typer.echo(f"Starting ServiceAi from {config} on {host}:{port} "
+                       "(first start takes a minute or two) ...")
+            if (host, port) != (http.get("host"), http.get("port")):
+                config = _with_http_options(config, runtime_dir, host, port)
+            # `--address local`: its own Ray cluster, never one found on the machine.
+            serve = ServeRun(
+                [str(Path(sys.executable).with_name("serve")), "run", "--address", "local",
+                 str(config)],
+                {**os.environ, **runtime}, runtime_dir, stop_grace_s, typer.echo,
+            )
+            serve.start()
+            try:
+                if _wait_ready(f"http://{host}:{port}", serve, ready_timeout_s):
+                    _banner(f"http://{host}:{port}/v1", first_key, owner)
+            finally:
+                code = serve.wait()
+    except PortRefused as exc:
+        typer.echo(str(exc), err=True)
+        code = 2
+    sys.exit(code)
+
+
+def _with_http_options(config: Path, runtime_dir: Path, host: str, port: int) -> Path:
+    """A copy of `config` that listens on host:port (Serve reads them from the file only)."""
+    content = yaml.safe_load(config.read_text())
+    content["http_options"] = {**(content.get("http_options") or {}), "host": host, "port": port}
+    copy = runtime_dir / "serve_config.yaml"
+    copy.write_text(yaml.safe_dump(content, sort_keys=False))
+    return copy
 
 
 async def _first_start_key(store: KeyStore) -> tuple[str | None, str]:
@@ -88,11 +113,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_ready(origin: str, process: subprocess.Popen, timeout_s: float) -> bool:
-    """True once every model type can serve (GET /ready); False if serve run exits."""
+def _wait_ready(origin: str, serve: ServeRun, timeout_s: float) -> bool:
+    """True once every model type can serve (GET /ready); False if serve run exits, a stop
+    is asked for, or the time is up (then it asks for a stop itself)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
+    while serve.running and serve.stop_requested_by is None:
+        if time.monotonic() > deadline:
+            typer.echo(
+                f"The service did not answer within {timeout_s:.0f} s; see the log above.", err=True
+            )
+            serve.request_stop("not ready in time", failed=True)
             return False
         try:
             with urllib.request.urlopen(f"{origin}/ready", timeout=2) as response:
@@ -101,7 +131,6 @@ def _wait_ready(origin: str, process: subprocess.Popen, timeout_s: float) -> boo
         except OSError:
             pass
         time.sleep(2)
-    typer.echo(f"The service did not answer within {timeout_s:.0f} s; see the log above.", err=True)
     return False
 
 
@@ -136,7 +165,7 @@ ServiceAi is ready.
         messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)
 
 Manage users and keys: {_serviceai_command()} users --help, {_serviceai_command()} keys --help
-Press Ctrl-C to stop.
+Press Ctrl-C (or send SIGTERM to this process) to stop.
 """
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -42,6 +44,11 @@ class IngressConfig(BaseModel):
         if self.num_replicas is not None and self.autoscaling_config is not None:
             raise ValueError("set either num_replicas or autoscaling_config, not both")
         return self
+
+    def most_replicas(self) -> int:
+        """The most ingress replicas that may run at once (a rollout's extra ones included)."""
+        most = self.num_replicas or (self.autoscaling_config or {}).get("max_replicas", 1)
+        return most + math.ceil(most * self.max_surge_percent / 100)
 
     def serve_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {

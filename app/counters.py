@@ -5,7 +5,8 @@ window that starts with its first hit and expires with it. In memory, `limits`' 
 `FixedWindowRateLimiter` (weighted hits for tokens) do the work. In Redis the same operations on
 the same keys (INCRBY, then EXPIRE NX, as `limits`' own incr script) go out as one MULTI/EXEC
 pipeline per request and one per reply: through `limits`, one call per counter, the same work
-took about twice the CPU and latency (bench/NOTES.md).
+took about twice the CPU and latency (bench/NOTES.md). The concurrency slot is a lease
+(`app.slots`), taken in the same round trip.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from limits import RateLimitItem
 from limits.aio.storage import RedisStorage, Storage
 from limits.aio.strategies import FixedWindowRateLimiter
 
-# A lost release (a replica that died mid-request) frees its concurrency slot after this long.
-CONCURRENCY_TTL_S = 3600
+from app.slots import RedisSlots, Slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +56,12 @@ class Snapshot:
     in_flight: int
 
 
-async def snapshot(storage: Storage, counters: Counters) -> Snapshot:
-    """Count the request and take a concurrency slot; read the token counters."""
-    if isinstance(storage, RedisStorage):
-        return await _redis_snapshot(storage, counters)
+async def snapshot(storage: Storage, slots: Slots, counters: Counters, lease: str) -> Snapshot:
+    """Count the request and take a concurrency slot (`lease`); read the token counters."""
+    if isinstance(slots, RedisSlots):
+        return await _redis_snapshot(slots, counters, lease)
     requests = await storage.incr(counters.requests_key(), counters.requests.get_expiry())
-    in_flight = await storage.incr(counters.concurrency_key(), CONCURRENCY_TTL_S)
+    in_flight = await slots.take(counters.concurrency_key(), lease)
     return Snapshot(
         requests=requests,
         requests_reset=await storage.get_expiry(counters.requests_key()),
@@ -72,16 +72,19 @@ async def snapshot(storage: Storage, counters: Counters) -> Snapshot:
     )
 
 
-async def _redis_snapshot(storage: RedisStorage, counters: Counters) -> Snapshot:
+async def _redis_snapshot(slots: RedisSlots, counters: Counters, lease: str) -> Snapshot:
     # INCRBY then EXPIRE NX is what limits' incr script does: the window starts with its first hit.
+    storage = slots.storage
     key = storage.bridge.prefixed_key
-    requests, concurrency = key(counters.requests_key()), key(counters.concurrency_key())
+    requests = key(counters.requests_key())
     tokens, daily = key(counters.tokens_key()), key(counters.daily_key())
     async with storage.bridge.get_connection().pipeline(transaction=True) as pipe:
         pipe.incrby(requests, 1).expire(requests, counters.requests.get_expiry(), nx=True)
         pipe.ttl(requests).get(tokens).ttl(tokens).get(daily)
-        pipe.incrby(concurrency, 1).expire(concurrency, CONCURRENCY_TTL_S, nx=True)
-        count, _, requests_ttl, used, tokens_ttl, used_today, in_flight, _ = await pipe.execute()
+        offset = slots.queue_take(pipe, counters.concurrency_key(), lease)
+        replies = await pipe.execute()
+    count, _, requests_ttl, used, tokens_ttl, used_today = replies[:6]
+    in_flight = replies[6 + offset]
     now = time.time()
     return Snapshot(
         requests=int(count),
@@ -93,10 +96,12 @@ async def _redis_snapshot(storage: RedisStorage, counters: Counters) -> Snapshot
     )
 
 
-async def charge(storage: Storage, counters: Counters, tokens: int) -> None:
+async def charge(
+    storage: Storage, slots: Slots, counters: Counters, lease: str, tokens: int
+) -> None:
     """Add the tokens a reply used to its windows (past the limit too) and free its slot."""
-    if isinstance(storage, RedisStorage):
-        await _redis_charge(storage, counters, tokens)
+    if isinstance(slots, RedisSlots):
+        await _redis_charge(slots.storage, counters, lease, tokens)
         return
     limiter = FixedWindowRateLimiter(storage)
     try:
@@ -104,20 +109,22 @@ async def charge(storage: Storage, counters: Counters, tokens: int) -> None:
             await limiter.hit(counters.tokens, *counters.ids, "tokens", cost=tokens)
             await limiter.hit(counters.daily, *counters.ids, counters.day, cost=tokens)
     finally:
-        await release(storage, counters)
+        await slots.release(counters.concurrency_key(), lease)
 
 
-async def release(storage: Storage, counters: Counters) -> None:
-    """Free the concurrency slot admission took."""
-    await storage.incr(counters.concurrency_key(), CONCURRENCY_TTL_S, amount=-1)
+async def count_request(storage: Storage, counters: Counters) -> None:
+    """Count a request that was refused before admission (an invalid body) in its window."""
+    await storage.incr(counters.requests_key(), counters.requests.get_expiry())
 
 
-async def _redis_charge(storage: RedisStorage, counters: Counters, tokens: int) -> None:
+async def _redis_charge(
+    storage: RedisStorage, counters: Counters, lease: str, tokens: int
+) -> None:
     key = storage.bridge.prefixed_key
     async with storage.bridge.get_connection().pipeline(transaction=True) as pipe:
         if tokens > 0:
             for item, name in ((counters.tokens, key(counters.tokens_key())),
                                (counters.daily, key(counters.daily_key()))):
                 pipe.incrby(name, tokens).expire(name, item.get_expiry(), nx=True)
-        pipe.incrby(key(counters.concurrency_key()), -1)
+        pipe.zrem(key(counters.concurrency_key()), lease)
         await pipe.execute()

@@ -19,7 +19,7 @@ from ray.serve.exceptions import (
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from app.errors import ApiError
-from deployments.generation import GenerationChunk, GenerationError, GenerationRequest
+from deployments.generation import GenerationError, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -37,12 +37,16 @@ class ModelEndpoint:
         # default cloudpickle (a Python-level pickler, paid on every streamed chunk).
         self._whole = handle.options(request_serialization="pickle", response_serialization="pickle")
         self._streaming = self._whole.options(stream=True)
+        self._info: ModelInfo | None = None
 
     async def open_stream(
-        self, request: GenerationRequest
-    ) -> tuple[GenerationChunk, DeploymentResponseGenerator]:
-        """Start a stream and wait for its first chunk, so that a refusal is still an HTTP status."""
-        response = self._streaming.stream.remote(request)
+        self, api: str, body: dict
+    ) -> tuple[ReplyPart, DeploymentResponseGenerator]:
+        """Start a stream and wait for its first part, so that a refusal is still an HTTP status.
+
+        `api` is the model server's method: "chat" or "completion".
+        """
+        response = self._streaming.stream.remote(api, body)
         try:
             first = await response.__anext__()
         except StopAsyncIteration:
@@ -54,8 +58,9 @@ class ModelEndpoint:
             raise
         return first, response
 
-    async def complete(self, request: GenerationRequest) -> GenerationChunk:
-        response = self._whole.complete.remote(request)
+    async def reply(self, api: str, body: dict) -> ReplyPart:
+        """The whole reply of a request without `stream`: its JSON body and token counts."""
+        response = self._whole.reply.remote(api, body)
         try:
             return await response
         except asyncio.CancelledError:
@@ -64,6 +69,15 @@ class ModelEndpoint:
         except Exception as exc:
             raise self.error(exc) from None
 
+    async def info(self) -> ModelInfo:
+        """What the model type's replicas serve (context length, tool parser); asked once."""
+        if self._info is None:
+            try:
+                self._info = await self._whole.info.remote()
+            except Exception as exc:
+                raise self.error(exc) from None
+        return self._info
+
     def error(self, exc: BaseException) -> ApiError:
         """The API error for a failed call to this model type."""
         cause = getattr(exc, "cause", None) or exc
@@ -71,7 +85,7 @@ class ModelEndpoint:
             headers = (
                 {"Retry-After": str(RETRY_AFTER_UNAVAILABLE_S)} if cause.status == 503 else None
             )
-            return ApiError(
+            error = ApiError(
                 cause.status,
                 cause.message,
                 type=cause.type,
@@ -79,6 +93,9 @@ class ModelEndpoint:
                 code=cause.code,
                 headers=headers,
             )
+            # What the engine processed before it failed, for the charge.
+            error.engine_usage = (cause.prompt_tokens, cause.completion_tokens)
+            return error
         if isinstance(cause, BackPressureError):
             return ApiError(
                 503,
@@ -141,6 +158,7 @@ class ModelRouter:
         self.created = created
         self._endpoints = {name: ModelEndpoint(name, h) for name, h in handles.items()}
         self._scale_to_zero = scale_to_zero
+        self._has_served: set[str] = set()
 
     @property
     def names(self) -> Sequence[str]:
@@ -166,13 +184,29 @@ class ModelRouter:
         replica, so it waits for the cold start instead.
         """
         endpoint = self.get(model)
-        if model not in self._scale_to_zero and running_replicas(endpoint.handle) == 0:
-            raise unavailable(model)
+        if model not in self._scale_to_zero:
+            count = running_replicas(endpoint.handle)
+            if count == 0:
+                raise unavailable(model)
+            if count:
+                self._has_served.add(model)
         return endpoint
+
+    async def max_model_len(self, model: str) -> int | None:
+        """The context length of a model type; None while it has no replica to ask."""
+        endpoint = self.get(model)
+        if running_replicas(endpoint.handle) == 0:
+            return None
+        try:
+            return (await endpoint.info()).max_model_len
+        except ApiError:
+            return None
 
     def readiness(self) -> dict[str, str]:
         """Per type: 'ready' (a replica runs, or it scales to zero and starts on demand),
-        'unavailable' (no replica), or 'unknown' (the router has not heard from Serve yet)."""
+        'pending' (no replica has run yet: its first one waits for a node that has the
+        resources it asks for, or for its engine), 'unavailable' (it had replicas, none is
+        left), or 'unknown' (the router has not heard from Serve yet)."""
         states = {}
         for name, endpoint in self._endpoints.items():
             count = running_replicas(endpoint.handle)
@@ -180,6 +214,7 @@ class ModelRouter:
                 states[name] = "unknown"
             elif count > 0 or name in self._scale_to_zero:
                 states[name] = "ready"
+                self._has_served.add(name)
             else:
-                states[name] = "unavailable"
+                states[name] = "unavailable" if name in self._has_served else "pending"
         return states

@@ -100,7 +100,8 @@ def _validation_message(error: Mapping[str, Any], param: str | None) -> str:
     return f"Invalid value for '{param}': {message}."
 
 
-def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A 400 naming the first thing wrong with the request (only the first is reported)."""
     errors = exc.errors()
     first = errors[0] if errors else {}
     param = _param_path(first.get("loc", ()))
@@ -154,6 +155,6 @@ def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, lambda request, exc: exc.response())
-    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)

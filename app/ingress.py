@@ -13,11 +13,13 @@ from ray.serve.handle import DeploymentHandle
 from app.api import create_api
 from app.auth import KeyVerifier
 from app.config import ServiceConfig
-from app.console import mount_console
+from app.console import mount_console, require_shared_secret
 from app.dispatch import ModelRouter
 from app.keystore import open_store
+from app.keystore.responses import ResponseStore
 from app.ratelimit import RateLimits, open_storage
 from app.observability.metrics import InFlight
+from app.periodic import PeriodicFlush
 from app.settings import get_settings
 from app.usage_meter import UsageMeter
 
@@ -33,6 +35,7 @@ class Ingress:
         self, config: ServiceConfig, models: dict[str, DeploymentHandle] | None
     ) -> None:
         self._settings = settings = get_settings()
+        require_shared_secret(settings, config.ingress.most_replicas())
         if models is None:
             models = {
                 m.name: await model_type_handle(m.name, config.model_type_app(m.name))
@@ -59,6 +62,15 @@ class Ingress:
         )
         self._usage = UsageMeter(store, flush_every_s=settings.usage_flush_s)
         self._usage.start()
+        self._responses = ResponseStore(
+            store.database,
+            retention_s=settings.response_retention_s,
+            max_bytes=settings.response_max_bytes,
+        )
+        self._purge = PeriodicFlush(
+            self._purge_expired, settings.response_purge_every_s, "the purge of expired responses"
+        )
+        self._purge.start()
         self._in_flight = InFlight()
         self._gauges = asyncio.get_running_loop().create_task(
             self._in_flight.publish_periodically()
@@ -71,18 +83,28 @@ class Ingress:
             self._keys,
             self._limits,
             self._usage,
-            settings.admin_token,
+            settings.admin_token if settings.admin_api else None,
             self._in_flight,
             max_body_bytes=settings.max_body_bytes,
+            body_read_timeout_s=settings.body_read_timeout_s,
             cors_origins=settings.cors_origins,
+            api_docs=settings.api_docs,
+            response_store=self._responses,
         )
         mount_console(api, settings)
         return api
+
+    async def _purge_expired(self) -> None:
+        purged = await self._responses.purge()
+        if purged:
+            logger.info("Purged %d expired stored responses", purged)
 
     async def __del__(self) -> None:
         """Serve's graceful shutdown: write the last-used times and usage still in memory."""
         if hasattr(self, "_gauges"):
             self._gauges.cancel()
+        if hasattr(self, "_purge"):
+            await self._purge.stop()
         if hasattr(self, "_usage"):
             await self._limits.close()
             await self._usage.close()

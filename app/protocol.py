@@ -1,74 +1,220 @@
-"""The OpenAI chat-completions wire format: requests, responses, stream chunks, model lists."""
+"""The OpenAI wire format as the gateway checks it: requests, and the replies' shapes for the docs.
+
+The model replicas run vLLM's own OpenAI serving layer, which validates each request again and
+produces the reply bytes. Here every field of OpenAI's API is either typed (and passed on) or
+refused by name: nothing a client asks for is silently dropped.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from deployments.generation import GenerationRequest, SamplingOptions
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_CHOICES = 8
 MAX_STOP_SEQUENCES = 4
+MAX_TOP_LOGPROBS = 20
+# Caps that stop validation early on a hostile body (OpenAI's own: 2048 messages, 10 MiB text,
+# 128 tools, 300 logit biases).
+MAX_MESSAGES = 2048
+MAX_CONTENT_PARTS = 256
+MAX_TEXT_CHARS = 10 * 2**20
+MAX_STOP_CHARS = 256
+MAX_NAME_CHARS = 256
+MAX_TOOLS = 128
+MAX_LOGIT_BIAS = 300
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
+StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 # The engine's sampler takes a 64-bit seed; a larger one failed inside the engine as a 503.
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 # More than any context; a larger count overflowed on its way to the engine (a 500).
 TokenCount = Annotated[int, Field(le=2**31 - 1)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+JsonObject = dict[str, Any]
+
+# Fields that only describe the caller or hint at caching: accepted, with nothing to honour.
+CALLER_FIELDS = frozenset(
+    {"user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key"}
+)
+# vLLM's own extensions of the API that its serving layer honours (vLLM's docs, "Extra Parameters").
+VLLM_FIELDS = frozenset(
+    {
+        "top_k", "min_p", "repetition_penalty", "length_penalty", "stop_token_ids",
+        "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
+        "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids",
+        "bad_words", "prompt_logprobs", "echo", "add_generation_prompt",
+        "continue_final_message", "add_special_tokens", "chat_template_kwargs",
+        "structured_outputs", "return_tokens_as_token_ids", "return_token_ids", "cache_salt",
+        "documents", "repetition_detection",
+    }
+)
+# OpenAI fields a text model behind this gateway cannot honour, with the reason a client reads.
+REFUSED_FIELDS = {
+    "audio": "audio output is not supported; the model types produce text only",
+    "modalities": "only text output is supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "functions": "the legacy 'functions' field is not supported; use 'tools'",
+    "function_call": "the legacy 'function_call' field is not supported; use 'tool_choice'",
+    "verbosity": "'verbosity' is not supported",
+    "prompt_cache_retention": "'prompt_cache_retention' is not supported",
+}
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     type: Literal["text"]
-    text: str
+    text: Text
+
+
+class ContentPart(BaseModel):
+    """Any content part; only text parts reach the model (`only_text` refuses the rest)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    type: str = Field(max_length=64)
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatMessage(BaseModel):
-    """A message of the conversation. `developer` is OpenAI's newer name for `system`."""
+    """A message of the conversation. `developer` is OpenAI's newer name for `system`.
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    An assistant message may have null content when it carries `tool_calls`; a `tool` message
+    answers one call by its `tool_call_id`.
+    """
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+    model_config = ConfigDict(strict=True, extra="forbid")
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+    name: Name | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: Name | None = None
+    refusal: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, value: str | list[ContentPart] | None) -> Any:
+        for part in value if isinstance(value, list) else ():
+            if part.type != "text":
+                raise ValueError(
+                    f"content parts of type '{part.type}' are not supported: the model types "
+                    "take text only (use parts of type 'text')"
+                )
+            TextPart.model_validate(part.model_dump())
+        return value
+
+    @model_validator(mode="after")
+    def _content_or_tool_calls(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (null only on an assistant message with tool_calls)")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a 'tool' message needs the 'tool_call_id' of the call it answers")
+        return self
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: JsonObject | None = None
+    strict: bool | None = None
 
 
-class ChatCompletionRequest(BaseModel):
-    """POST /v1/chat/completions. Unknown fields are accepted and ignored, as OpenAI clients send many."""
+class Tool(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+    name: str = Field(max_length=64)
+    description: str | None = None
+    json_schema: JsonObject | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema' object with a 'schema'")
+        return self
+
+
+class GenerationFields(BaseModel):
+    """The sampling fields /v1/chat/completions and /v1/completions share."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
 
     model: str = Field(max_length=256)
-    messages: list[ChatMessage] = Field(min_length=1)
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     max_tokens: Annotated[TokenCount, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[TokenCount, Field(ge=1)] | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     seed: Seed | None = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    logit_bias: Annotated[
+        dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS)
+    ] | None = None
+    user: Name | None = None
     # vLLM's extensions, used by `vllm bench serve` and other vLLM-aware clients.
-    ignore_eos: bool = False
-    min_tokens: Annotated[TokenCount, Field(ge=0)] = 0
+    ignore_eos: bool | None = None
+    min_tokens: Annotated[TokenCount, Field(ge=0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -77,6 +223,57 @@ class ChatCompletionRequest(BaseModel):
         if any(not s for s in values):
             raise ValueError("stop sequences must not be empty")
         return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (digits), got '{key[:40]}'")
+        return value
+
+    @property
+    def reply_limit(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
+
+    def unsupported_field(self) -> tuple[str, str] | None:
+        """The first field that cannot be honoured, and why; None when every field can."""
+        for name, value in (self.model_extra or {}).items():
+            if name in REFUSED_FIELDS:
+                if name == "modalities" and value == ["text"]:
+                    continue
+                return name, REFUSED_FIELDS[name]
+            if name == "store" and value not in (False, None):
+                return name, "stored completions are not supported (store must be false)"
+            if name not in CALLER_FIELDS and name not in VLLM_FIELDS and name != "store":
+                return name, f"Unrecognized request argument supplied: {name}"
+        return None
+
+    def to_engine(self) -> dict[str, Any]:
+        """The body the model replica's serving layer gets: as sent, less caller-only fields."""
+        body = self.model_dump(exclude_unset=True, by_alias=True)
+        for name in CALLER_FIELDS:
+            body.pop(name, None)
+        body.pop("store", None)
+        return body
+
+
+class ChatCompletionRequest(GenerationFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: Annotated[TokenCount, Field(ge=1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    response_format: ResponseFormat | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
 
     @property
     def reply_limit(self) -> int | None:
@@ -87,29 +284,35 @@ class ChatCompletionRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def to_generation(self, request_id: str) -> GenerationRequest:
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return GenerationRequest(
-            request_id=request_id,
-            messages=tuple(
-                ("system" if m.role == "developer" else m.role, m.text()) for m in self.messages
-            ),
-            sampling=SamplingOptions(
-                max_tokens=self.reply_limit,
-                temperature=1.0 if self.temperature is None else self.temperature,
-                top_p=1.0 if self.top_p is None else self.top_p,
-                frequency_penalty=self.frequency_penalty or 0.0,
-                presence_penalty=self.presence_penalty or 0.0,
-                stop=stop,
-                seed=self.seed,
-                n=self.n or 1,
-                ignore_eos=self.ignore_eos,
-                min_tokens=self.min_tokens,
-            ),
-        )
+
+class CompletionRequest(GenerationFields):
+    """POST /v1/completions (the legacy prompt completion)."""
+
+    prompt: (
+        Text
+        | Annotated[list[Text], Field(min_length=1, max_length=MAX_MESSAGES)]
+        | Annotated[list[int], Field(max_length=MAX_TEXT_CHARS)]
+        | Annotated[list[Annotated[list[int], Field(max_length=MAX_TEXT_CHARS)]],
+                    Field(max_length=MAX_MESSAGES)]
+    )
+    suffix: str | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    echo: bool | None = None
+
+    @property
+    def reply_limit(self) -> int:
+        """OpenAI's default for /v1/completions is 16 tokens."""
+        return 16 if self.max_tokens is None else self.max_tokens
+
+    @property
+    def prompts(self) -> int:
+        if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int):
+            return len(self.prompt)
+        return 1
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class Usage(BaseModel):
@@ -120,13 +323,14 @@ class Usage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: JsonObject | None = None
     finish_reason: FinishReason
 
 
@@ -142,12 +346,13 @@ class ChatCompletion(BaseModel):
 class ChunkDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[JsonObject] | None = None
 
 
 class ChunkChoice(BaseModel):
     index: int
     delta: ChunkDelta
-    logprobs: None = None
+    logprobs: JsonObject | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -167,6 +372,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "serviceai"
+    max_model_len: int | None = None
 
 
 class ModelList(BaseModel):

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import math
 import time
+import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,10 +23,11 @@ from limits.storage import storage_from_string
 from redis.asyncio import BlockingConnectionPool
 
 from app.auth import Caller
-from app.counters import Counters, charge, release, snapshot
+from app.counters import Counters, charge, count_request, snapshot
 from app.errors import ApiError
 from app.observability.metrics import rate_limited
 from app.plans import ModelTypeLimits, Plan, Plans
+from app.slots import LeaseKeeper, slots_for
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -92,26 +94,48 @@ class Window:
 
 
 class Admission:
-    """A request let through: the headers it carries, and the charge and release after it."""
+    """A request let through: the headers it carries, the longest reply its plan has room
+    for, and the charge and release after it."""
 
     def __init__(
         self,
         limits: RateLimits | None,
         counters: Counters | None,
         headers: dict[str, str],
+        *,
+        lease: str = "",
+        reply_cap: int | None = None,
     ) -> None:
         self._limits = limits
         self._counters = counters
         self.headers = headers
+        self._lease = lease
+        self.reply_cap = reply_cap
         self._settled = False
+
+    def reply_length(self, context: int) -> int | None:
+        """The longest reply each choice may have when the request sets no limit of its own:
+        what the plan has left this minute and today, divided among the choices, and never
+        past the model's context (vLLM takes the smaller of it and the room the prompt left).
+        None when no plan limits it."""
+        return None if self.reply_cap is None else min(self.reply_cap, context)
 
     def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
         """Charge the tokens the engine reported and free the concurrency slot (once)."""
         if self._settled or self._limits is None or self._counters is None:
             return
         self._settled = True
+        limits = self._limits
+        limits.leases.drop(self._lease)
         tokens = prompt_tokens + completion_tokens
-        self._limits.in_background(charge(self._limits.storage, self._counters, tokens))
+        limits.in_background(
+            charge(limits.storage, limits.slots, self._counters, self._lease, tokens)
+        )
+
+    def settle_failed(self, error: BaseException) -> None:
+        """Settle a request that failed: what the engine processed before it failed is charged
+        (the API error of a `GenerationError` carries the counts), else nothing."""
+        self.settle(*getattr(error, "engine_usage", (0, 0)))
 
 
 UNLIMITED = Admission(None, None, {})
@@ -130,6 +154,8 @@ class RateLimits:
     ) -> None:
         self.plans = plans
         self.storage = storage
+        self.slots = slots_for(storage)
+        self.leases = LeaseKeeper(self.slots)
         self.fail_open = fail_open
         self._background: set[asyncio.Task[None]] = set()
         self._last_failure_log = -math.inf
@@ -157,16 +183,46 @@ class RateLimits:
             day=datetime.now(UTC).date().isoformat(),
         )
 
-    async def admit(self, caller: Caller, model_type: str, max_tokens: int | None) -> Admission:
+    def check_fits(self, caller: Caller, model_type: str, max_tokens: int | None) -> None:
+        """Refuse a reply that can never fit the plan, before any counter is touched.
+
+        `max_tokens` above the plan's whole per-minute or per-day token limit is a 429 that
+        no wait cures: `x-should-retry: false`, no Retry-After.
+        """
+        if max_tokens is None:
+            return
+        limits = self.plan_limits(caller.plan).on(model_type)
+        for name, limit in (
+            ("tokens_per_minute", limits.tokens_per_minute),
+            ("tokens_per_day", limits.tokens_per_day),
+        ):
+            if max_tokens > limit:
+                rate_limited(name, caller.plan, model_type)
+                raise ApiError(
+                    429,
+                    f"Request too large for {model_type}: the reply may take {max_tokens} "
+                    f"tokens (max_tokens, all choices), more than your plan's whole "
+                    f"{name.replace('_', ' ')} ({limit}). Lower max_tokens or upgrade your plan.",
+                    type="tokens",
+                    param="max_tokens",
+                    code=RATE_LIMITED,
+                    headers={"x-should-retry": "false"},
+                )
+
+    async def admit(
+        self, caller: Caller, model_type: str, max_tokens: int | None, *, choices: int = 1
+    ) -> Admission:
         """Count the request and take a concurrency slot, or refuse it with a 429.
 
         `max_tokens` (the most completion tokens the reply may take, all choices together)
-        above what is left of the token budget or the daily quota is refused up front.
+        above what is left of the token budget or the daily quota is refused up front;
+        without it, the reply is capped at what is left (`Admission.reply_length`).
         """
         limits = self.plan_limits(caller.plan).on(model_type)
         counters = self._counters(caller, model_type, limits)
+        lease = uuid.uuid4().hex
         try:
-            seen = await snapshot(self.storage, counters)
+            seen = await snapshot(self.storage, self.slots, counters, lease)
         except Exception as exc:  # any storage failure: Redis down, timeout, protocol error
             return self._storage_failed(exc)
         now = time.time()
@@ -174,17 +230,32 @@ class RateLimits:
         token_window = Window(limits.tokens_per_minute, seen.tokens, seen.tokens_reset)
         daily_window = Window(limits.tokens_per_day, seen.daily_tokens, _next_midnight(now))
         headers = rate_limit_headers(request_window, token_window, now)
+        # Without max_tokens each choice still needs one token of what is left.
+        asked = max_tokens if max_tokens is not None or choices == 1 else choices
         refusal = _refusal(
             model_type, limits, request_window, token_window, daily_window, seen.in_flight,
-            max_tokens, now,
+            asked, now,
         )
         if refusal is not None:
             limit, error = refusal
             rate_limited(limit, caller.plan, model_type)
-            self.in_background(release(self.storage, counters))
+            self.in_background(self.slots.release(counters.concurrency_key(), lease))
             error.headers.update(headers)
             raise error
-        return Admission(self, counters, headers)
+        self.leases.hold(counters.concurrency_key(), lease)
+        reply_cap = min(token_window.remaining, daily_window.remaining) // choices
+        return Admission(self, counters, headers, lease=lease, reply_cap=reply_cap)
+
+    def count_refused(self, caller: Caller, model: object) -> None:
+        """Count a request refused for its body against the caller's request rate: on the
+        model type it named, or on every type of its plan when it named none of them."""
+        plan = self.plans.get(caller.plan)
+        if plan is None:
+            return
+        types = [model] if isinstance(model, str) and model in plan.root else list(plan.root)
+        for model_type in types:
+            counters = self._counters(caller, model_type, plan.on(model_type))
+            self.in_background(count_request(self.storage, counters))
 
     def _storage_failed(self, exc: Exception) -> Admission:
         now = time.monotonic()
@@ -216,7 +287,9 @@ class RateLimits:
             logger.warning("Rate-limit storage write failed: %s", type(exc).__name__)
 
     async def close(self) -> None:
-        """Wait for the writes still running (charges of the last replies)."""
+        """Stop renewing leases; wait for the writes still running (charges of the last
+        replies)."""
+        await self.leases.close()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 

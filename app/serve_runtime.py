@@ -18,6 +18,14 @@ SERVE_ENV: dict[str, str] = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     # Ray starts workers at nice 15; on a serving node the engines are the work.
     "RAY_worker_niceness": "0",
+    # HAProxy drops a client connection idle this long (Ray's default: an hour); just past the
+    # load balancer's 600 s idle timeout, so the balancer closes first. A body that trickles in
+    # is not idle: the ingress cuts it off itself (SERVICEAI_BODY_READ_TIMEOUT_S, 408).
+    "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "620",
+    # uvicorn in each replica trusts X-Forwarded-For from 127.0.0.1 by default, so a client
+    # could pick the address the console's sign-in limit counts; the console reads the header
+    # itself, from SERVICEAI_TRUSTED_PROXIES only.
+    "FORWARDED_ALLOW_IPS": "",
     # A client's x-request-id is checked (length, characters) before Serve adopts it.
     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "app.observability.request_id:http_middlewares",
 }

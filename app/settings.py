@@ -7,13 +7,15 @@ replicas, plans) lives in serve_config.yaml.
 from __future__ import annotations
 
 from functools import lru_cache
+from ipaddress import ip_network
 from pathlib import Path
+from typing import Literal
 
 from limits import parse_many
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.body_limit import DEFAULT_MAX_BODY_BYTES
+from app.body_limit import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///{PROJECT_ROOT / '.serviceai' / 'serviceai.db'}"
@@ -93,10 +95,41 @@ class Settings(BaseSettings):
         description="Largest request body accepted, in bytes; a larger one is refused with 413 "
         "while it is read, whether it declares its length or comes chunked.",
     )
+    body_read_timeout_s: float = Field(
+        DEFAULT_BODY_READ_TIMEOUT_S,
+        gt=0,
+        le=600,
+        description="How long a request body may take to arrive once the service reads it; a "
+        "slower one is refused with 408.",
+    )
+    api_docs: bool = Field(
+        True,
+        description="Serve /docs, /redoc and /openapi.json. Production turns them off.",
+    )
+    admin_api: bool = Field(
+        True,
+        description="Serve /admin when SERVICEAI_ADMIN_TOKEN is set; false keeps it off the "
+        "public listener whatever the token (operators use the `serviceai` CLI there).",
+    )
     cors_origins: list[str] = Field(
         default_factory=list,
         description='Browser origins that may call the API (a JSON list, e.g. '
         '["http://localhost:3000"]); empty: CORS closed, no browser page can read an answer.',
+    )
+    response_retention_s: float = Field(
+        30 * 86400,
+        gt=0,
+        description="How long a stored /v1/responses reply (with the input it saw) is kept, in "
+        "seconds (default 30 days); then it is gone for every route and purged.",
+    )
+    response_max_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Largest stored response (its input, replayed history included, and its "
+        "output, as JSON); a longer conversation is refused with 400 while store is true.",
+    )
+    response_purge_every_s: float = Field(
+        3600.0, gt=0, description="How often each ingress replica deletes expired responses."
     )
     public_base_url: str = Field(
         "http://127.0.0.1:8000/v1",
@@ -117,6 +150,19 @@ class Settings(BaseSettings):
     sign_in_limit_per_email: str = Field(
         "5/minute;20/hour",
         description="Console sign-in attempts per email and ingress replica ('limits' syntax).",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Addresses or networks (a JSON list, e.g. [\"10.0.0.0/16\"]) of the proxies "
+        "in front of the ingress (the load balancer, the nodes' HAProxy). Only a request from one "
+        "of them has its X-Forwarded-For read for the console's per-address sign-in limit; "
+        "empty: the header is ignored and the peer's address counts.",
+    )
+    sign_up: Literal["open", "approval", "off"] = Field(
+        "open",
+        description="Console sign-up: 'open' (an account at once, signed in; an email already "
+        "registered is told so), 'approval' (the same answer for every email; a new account "
+        "starts disabled until an operator runs `serviceai users enable`), 'off' (no sign-up).",
     )
     sign_in_limit_per_address: str = Field(
         "30/minute;300/hour",
@@ -155,6 +201,16 @@ class Settings(BaseSettings):
                 f"must be at least {minimum} characters "
                 "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
             )
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for proxy in value:
+            try:
+                ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(f"{proxy!r} is not an IP address or network") from None
         return value
 
     @field_validator("sign_in_limit_per_email", "sign_in_limit_per_address")

@@ -1,64 +1,37 @@
-"""Server-sent events of a streamed chat completion, in the exact shape OpenAI sends.
+"""Server-sent events the ingress writes itself: only the error that ends a broken stream.
 
-Chunks are built as plain dicts and encoded with orjson: this runs once per generated token,
-and `tests/app/test_sse.py` proves the output equals the pydantic `ChatCompletionChunk`.
+Every other event comes encoded from the model replica (vLLM's serving layer) and is relayed
+as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-DONE = "[DONE]"
-
-
-class ChunkEncoder:
-    """Encodes the chunks of one stream; every chunk carries the same id, created and model."""
-
-    __slots__ = ("_id", "_created", "_model", "_usage_field")
-
-    def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
-        self._id = completion_id
-        self._created = created
-        self._model = model
-        # With include_usage, OpenAI sends "usage": null on every chunk but the last.
-        self._usage_field = include_usage
-
-    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
-        chunk: dict[str, Any] = {
-            "id": self._id,
-            "object": "chat.completion.chunk",
-            "created": self._created,
-            "model": self._model,
-            "choices": choices,
-        }
-        if self._usage_field:
-            chunk["usage"] = usage
-        return orjson.dumps(chunk).decode()
-
-    def role(self, index: int) -> str:
-        return self._chunk([_choice(index, {"role": "assistant", "content": ""}, None)])
-
-    def content(self, index: int, text: str, finish_reason: str | None = None) -> str:
-        delta = {"content": text} if text else {}
-        return self._chunk([_choice(index, delta, finish_reason)])
-
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> str:
-        return self._chunk(
-            [],
-            {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-        )
+DONE_EVENT = b"data: [DONE]\n\n"
 
 
-def _choice(index: int, delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-
-
-def error_event(body: dict[str, Any]) -> str:
+def error_event(body: dict[str, Any]) -> bytes:
     """An error after the stream began: the client raises on a `data: {"error": ...}` event."""
-    return orjson.dumps(body).decode()
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+class EventStream(StreamingResponse):
+    """An event stream whose `on_close` runs when the response ends, however it ends: after
+    the last event, when the client left (before the first event too, when the generator's
+    own `finally` never runs), or when the request's task is cancelled."""
+
+    def __init__(self, *args: Any, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -53,6 +53,15 @@ _RESERVED_ENGINE_ARGS = frozenset(
 )
 
 
+ENGINE_DEFAULTS: dict[str, Any] = {
+    # Repeated prefixes (system prompts, agent turns) skip prefill: usage reports cached_tokens.
+    "enable_prefix_caching": True,
+    # Structured outputs without free whitespace: a weak model cannot pad JSON up to max_tokens.
+    "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+}
+"""What every type's engine gets unless its engine_args say otherwise."""
+
+
 class ModelTypeConfig(BaseModel):
     """One logical model type (e.g. ServiceAi-Fast): the concrete model, its engine, its replicas."""
 
@@ -74,6 +83,23 @@ class ModelTypeConfig(BaseModel):
         default_factory=dict, description="Passed verbatim to vLLM's AsyncEngineArgs."
     )
     tensor_parallel_size: int = Field(1, ge=1, le=16)
+    tool_call_parser: str | None = Field(
+        None,
+        description="vLLM's tool-call parser for this model (e.g. hermes for Qwen2.5); without one, "
+        "every tool_choice but 'none' is refused (vLLM frames even forced calls with the "
+        "parser), and /v1/responses refuses function tools (400, param tools).",
+    )
+    tool_strict_level: Literal["auto", "function", "parameter"] = Field(
+        "parameter",
+        description="vLLM's constraint on tool calls: 'parameter' makes every call's arguments "
+        "match its function's schema (as if each tool were strict), 'auto' only for strict tools.",
+    )
+    reasoning_parser: str | None = Field(
+        None, description="vLLM's reasoning parser, for models that think before answering."
+    )
+    chat_template: str | None = Field(
+        None, description="A chat template (file path or inline Jinja) replacing the model's own."
+    )
 
     num_replicas: int | None = Field(None, ge=0)
     autoscaling_config: AutoscalingOptions = None
@@ -194,6 +220,7 @@ class ModelTypeConfig(BaseModel):
     def engine_kwargs(self, model_path: str) -> dict[str, Any]:
         """Keyword arguments for vLLM's AsyncEngineArgs."""
         kwargs: dict[str, Any] = {
+            **ENGINE_DEFAULTS,
             "model": model_path,
             "tokenizer": model_path,
             "served_model_name": [self.name],

@@ -1,166 +1,358 @@
-"""The adapter around vLLM's AsyncLLM: chat messages in, token deltas out.
+"""vLLM's own OpenAI serving layer over one AsyncLLM: request bodies in, encoded replies out.
 
-The only module that imports vLLM. It renders the chat template, checks the context window,
-maps our sampling options onto vLLM's, and turns vLLM's outputs and errors into the plain
-types of `deployments.generation`.
+The only module that imports vLLM. `OpenAIServingChat` / `OpenAIServingCompletion` (built by
+vLLM's `init_app_state`, as Ray Serve LLM builds them inside its replicas) render the chat
+template, apply the model's generation_config defaults, run structured outputs, tool-call and
+reasoning parsers, and encode the JSON and SSE bytes. This adapter adds what the gateway needs:
+the engine's real token counts beside every reply, errors as `GenerationError`s, and streamed
+events batched into one message per read.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextvars
 import logging
-from collections.abc import AsyncIterator
+import os
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from vllm import SamplingParams
+from pydantic import ValidationError
+from starlette.datastructures import State
+from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.exceptions import VLLMValidationError
+from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+from vllm.entrypoints.launchers.cli_args import FrontendArgs
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import RequestOutputKind
-from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from deployments.generation import (
-    ContextLengthExceeded,
-    Delta,
     EngineUnavailable,
-    GenerationChunk,
-    GenerationRequest,
+    GenerationError,
     InvalidGenerationRequest,
-    SamplingOptions,
+    ModelInfo,
+    ReplyPart,
 )
 
 logger = logging.getLogger(__name__)
 
-# Rendering a long conversation blocks the event loop that streams every other request of
-# this replica; past this size it runs in a worker thread (vLLM's tokenizer is thread-safe).
-_INLINE_RENDER_CHARS = 8192
+_STREAM_ERROR = 'data: {"error"'
+_PROMPT_PARAMS = frozenset({"input_tokens", "input_text"})
+# xgrammar prefixes its errors with a time and a source position: "[00:50:03] <path>:4944: ".
+_GRAMMAR_LOG_PREFIX = re.compile(r"\[\d{2}:\d{2}:\d{2}\] <path>:\d+: ")
 
 
-class VllmEngine:
-    """One vLLM engine serving one model type."""
+class TokenCount:
+    """Prompt and generated tokens of one API request, as the engine's outputs pass."""
+
+    __slots__ = ("prompt", "completion")
+
+    def __init__(self) -> None:
+        self.prompt = 0
+        self.completion = 0
+
+
+_counting: contextvars.ContextVar[TokenCount] = contextvars.ContextVar("serviceai_tokens")
+
+
+class CountingEngineClient:
+    """The AsyncLLM the serving layer sees, with `generate` counting tokens per API request.
+
+    The count lives in a context variable set by the request's handler: every engine request
+    the serving layer starts for it (one per prompt of a /v1/completions list) adds to it.
+    """
 
     def __init__(self, engine: AsyncLLM) -> None:
         self._engine = engine
-        self._tokenizer = engine.get_tokenizer()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, prompt: Any, sampling_params: Any, request_id: str, *args: Any,
+                       **kwargs: Any) -> AsyncIterator[Any]:
+        count = _counting.get(None)
+        generator = self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs)
+        if count is None:
+            async for output in generator:
+                yield output
+            return
+        delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
+        seen: dict[int, int] = {}
+        first = True
+        async for output in generator:
+            if first:
+                first = False
+                count.prompt += len(output.prompt_token_ids or ())
+            for choice in output.outputs:
+                tokens = len(choice.token_ids)
+                if delta:
+                    count.completion += tokens
+                else:  # cumulative outputs: add what is new since the last
+                    count.completion += tokens - seen.get(choice.index, 0)
+                    seen[choice.index] = tokens
+            yield output
+
+
+def frontend_args(
+    engine_args: AsyncEngineArgs,
+    *,
+    tool_call_parser: str | None,
+    reasoning_parser: str | None,
+    chat_template: str | None,
+    tool_strict_level: str,
+) -> argparse.Namespace:
+    """The flat namespace vLLM's `init_app_state` reads (as `vllm serve` parses it)."""
+    frontend = FrontendArgs(
+        enable_auto_tool_choice=tool_call_parser is not None,
+        tool_call_parser=tool_call_parser,
+        tool_strict_level=tool_strict_level,
+        chat_template=chat_template,
+        enable_prompt_tokens_details=True,
+        disable_uvicorn_access_log=True,
+    )
+    if isinstance(engine_args.structured_outputs_config, dict):  # as a config file writes it
+        engine_args.structured_outputs_config = StructuredOutputsConfig(
+            **engine_args.structured_outputs_config
+        )
+    if reasoning_parser:
+        engine_args.reasoning_parser = reasoning_parser
+        engine_args.create_structured_outputs_config()
+    return argparse.Namespace(**(vars(frontend) | vars(engine_args)))
+
+
+class VllmEngine:
+    """One vLLM engine and its OpenAI serving layer, serving one model type."""
+
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        state: State,
+        tool_call_parser: str | None,
+        reasoning_parser: str | None,
+    ) -> None:
+        self._engine = engine
+        self._chat = state.openai_serving_chat
+        self._completion = state.openai_serving_completion
+        self.tool_call_parser = tool_call_parser
+        self.reasoning_parser = reasoning_parser
         self.max_model_len: int = engine.model_config.max_model_len
 
     @classmethod
-    def start(cls, engine_kwargs: dict[str, Any]) -> VllmEngine:
-        """Build the engine; blocks until the model is loaded and the engine core is up.
+    async def start(
+        cls,
+        engine_kwargs: dict[str, Any],
+        *,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        chat_template: str | None = None,
+        tool_strict_level: str = "parameter",
+    ) -> VllmEngine:
+        """Build the engine and the serving layer; returns once the model is loaded.
 
         vLLM's engine metrics (vllm:*) go out through Ray's metrics API, beside the ingress's.
         """
-        args = AsyncEngineArgs(**engine_kwargs)
-        return cls(AsyncLLM.from_engine_args(args, stat_loggers=[RayPrometheusStatLogger]))
-
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        """Yield the reply as it is generated; closing the iterator aborts the engine request."""
-        prompt_ids = await self._render(request.messages)
-        params = self._sampling_params(request.sampling, len(prompt_ids), RequestOutputKind.DELTA)
-        prompt_tokens = len(prompt_ids)
-        async for output in self._generate(prompt_ids, params, request.request_id):
-            yield GenerationChunk(
-                prompt_tokens,
-                tuple(
-                    Delta(o.index, o.text, len(o.token_ids), _finish_reason(o.finish_reason))
-                    for o in output.outputs
-                ),
-            )
-
-    async def complete(self, request: GenerationRequest) -> GenerationChunk:
-        """Generate the whole reply and return it as one chunk, one delta per choice."""
-        prompt_ids = await self._render(request.messages)
-        params = self._sampling_params(
-            request.sampling, len(prompt_ids), RequestOutputKind.FINAL_ONLY
+        args = AsyncEngineArgs(**_for_this_platform(engine_kwargs))
+        namespace = frontend_args(
+            args,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
+            chat_template=chat_template,
+            tool_strict_level=tool_strict_level,
         )
-        final = None
-        async for output in self._generate(prompt_ids, params, request.request_id):
-            final = output
-        if final is None:
-            raise EngineUnavailable("The engine ended the request without a result.")
-        return GenerationChunk(
-            len(prompt_ids),
-            tuple(
-                Delta(o.index, o.text, len(o.token_ids), _finish_reason(o.finish_reason))
-                for o in sorted(final.outputs, key=lambda o: o.index)
-            ),
+        engine = AsyncLLM.from_engine_args(args, stat_loggers=[RayPrometheusStatLogger])
+        state = State()
+        client = CountingEngineClient(engine)
+        await init_app_state(
+            client, state, namespace, supported_tasks=await engine.get_supported_tasks()
         )
+        # vLLM's error path reads the uvicorn server its own launcher would have set.
+        state.server = argparse.Namespace(should_exit=False)
+        return cls(engine, state, tool_call_parser, reasoning_parser)
+
+    async def serve(self, api: str, body: dict[str, Any]) -> AsyncIterator[ReplyPart]:
+        """A request of `api` ("chat" or "completion"): one part with the whole JSON body,
+        or (with `stream`) batches of SSE events."""
+        if api == "chat":
+            request = _parse(ChatCompletionRequest, body)
+            create, prompt_param = self._chat.create_chat_completion, "messages"
+        elif api == "completion":
+            request = _parse(CompletionRequest, body)
+            create, prompt_param = self._completion.create_completion, "prompt"
+        else:
+            raise ValueError(f"unknown api {api!r}")
+        schema_param = "response_format" if body.get("response_format") else "tools"
+        async for part in self._reply(create, request, (prompt_param, schema_param)):
+            yield part
+
+    def info(self, name: str) -> ModelInfo:
+        return ModelInfo(name, self.max_model_len, self.tool_call_parser, self.reasoning_parser)
+
+    async def _reply(
+        self,
+        create: Callable[[Any], Awaitable[Any]],
+        request: Any,
+        params: tuple[str, str],
+    ) -> AsyncIterator[ReplyPart]:
+        count = TokenCount()
+        _counting.set(count)
+        try:
+            result = await create(request)
+        except (ValueError, VLLMClientError) as exc:
+            raise _charged(_refusal(self._chat.create_error_response(exc), *params), count) from None
+        except (EngineDeadError, EngineGenerateError):
+            # The engine died under the request: retry shortly, Serve replaces the replica.
+            failure = EngineUnavailable("The model engine stopped; the request was not completed.")
+            raise _charged(failure, count) from None
+        if isinstance(result, ErrorResponse):
+            raise _charged(_refusal(result, *params), count)
+        if not isinstance(result, AsyncIterator):
+            yield ReplyPart(result.model_dump_json().encode(), count.prompt, count.completion)
+            return
+        reader = _EventReader(result)
+        try:
+            while events := await reader.take():
+                yield ReplyPart("".join(events).encode(), count.prompt, count.completion)
+        finally:
+            await reader.close()
 
     async def check_health(self) -> None:
         """Raise if the engine core is dead, so that Serve replaces this replica."""
         await self._engine.check_health()
 
+    @property
+    def async_llm(self) -> AsyncLLM:
+        """The engine itself, for vLLM's own API handlers (deployments.responses)."""
+        return self._engine
+
     def running_requests(self) -> int:
         return self._engine.output_processor.get_num_unfinished_requests()
+
+    def core_pids(self) -> tuple[int, ...]:
+        """The engine-core processes this engine started (not found by title: vLLM sets that late)."""
+        manager = self._engine.engine_core.resources.engine_manager
+        return () if manager is None else tuple(p.pid for p in manager.processes)
 
     def shutdown(self) -> None:
         self._engine.shutdown()
 
-    async def _generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[Any]:
+
+def _for_this_platform(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's CPU build refuses the Ray executor ("current platform cpu does not support ray"):
+    its tensor-parallel shards run as local processes instead, on the node where Serve placed
+    the replica's STRICT_PACK bundles. Each shard gets its own CPUs (one NUMA node is not
+    enough for vLLM's automatic binding)."""
+    from vllm.platforms import current_platform
+
+    if engine_kwargs.get("distributed_executor_backend") != "ray" or not current_platform.is_cpu():
+        return engine_kwargs
+    shards = int(engine_kwargs.get("tensor_parallel_size", 1))
+    cpus = sorted(os.sched_getaffinity(0))
+    per_shard = [cpus[i::shards] or cpus for i in range(shards)]
+    os.environ.setdefault(
+        "VLLM_CPU_OMP_THREADS_BIND", "|".join(",".join(map(str, s)) for s in per_shard)
+    )
+    return {**engine_kwargs, "distributed_executor_backend": "mp"}
+
+
+def _parse(model: type[Any], body: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ()) if not str(p).startswith("function"))
+        error = InvalidGenerationRequest(
+            f"Invalid value for '{param}': {first.get('msg', 'invalid')}." if param
+            else f"Invalid request: {first.get('msg', 'invalid')}."
+        )
+        error.param = param or None
+        raise error from None
+
+
+def _charged(error: GenerationError, count: TokenCount) -> GenerationError:
+    """The error, carrying what the engine processed before it (charged by the ingress)."""
+    error.prompt_tokens, error.completion_tokens = count.prompt, count.completion
+    return error
+
+
+def _refusal(response: ErrorResponse, prompt_param: str, schema_param: str) -> GenerationError:
+    """vLLM's error (an HTTP status in `code`) as the error the ingress answers with.
+
+    vLLM names the prompt `input_tokens` / `input_text` and no field for a schema its grammar
+    compiler refused; OpenAI's clients know the field they sent.
+    """
+    info = response.error
+    status = int(info.code) if isinstance(info.code, int) else 500
+    if status >= 500:
+        logger.error("The serving layer failed a request: %s", info.message)
+        return EngineUnavailable("The model engine failed this request. Retry shortly.")
+    message = _GRAMMAR_LOG_PREFIX.sub("", info.message)
+    error = InvalidGenerationRequest(message)
+    error.status = status
+    error.param = prompt_param if info.param in _PROMPT_PARAMS else info.param
+    if error.param is None and "schema" in message:
+        error.param = schema_param
+    if "context length" in info.message:
+        error.code = "context_length_exceeded"
+    return error
+
+
+class _EventReader:
+    """Drains the serving layer's SSE strings from its own task; `take` returns all that arrived.
+
+    When the ingress reads more slowly than the engine produces, one handle message carries
+    every event ready since the last: fewer Ray messages per token, never a wait.
+    """
+
+    def __init__(self, events: AsyncIterator[str]) -> None:
+        self._events = events
+        self._buffer: list[str] = []
+        self._arrived = asyncio.Event()
+        self._ended = False
+        self._task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
         try:
-            async for output in self._engine.generate(
-                {"prompt_token_ids": prompt_ids}, params, request_id
-            ):
-                yield output
-        except VLLMValidationError as exc:
-            raise InvalidGenerationRequest(exc.args[0] if exc.args else "Invalid request.") from None
-        except EngineDeadError:
-            raise EngineUnavailable(
-                "The model engine stopped; the request was not completed. Retry shortly."
-            ) from None
-        except EngineGenerateError:
-            raise EngineUnavailable("The model engine failed this request. Retry shortly.") from None
+            async for event in self._events:
+                if event.startswith(_STREAM_ERROR):
+                    logger.error("Stream failed in the serving layer: %s", event[:500])
+                    event = _STREAM_FAILED
+                self._buffer.append(event)
+                self._arrived.set()
+        except Exception as exc:  # the serving layer turns most failures into events itself
+            logger.error("Stream failed: %r", exc)
+            self._buffer.append(_STREAM_FAILED + "data: [DONE]\n\n")
+        finally:
+            self._ended = True
+            self._arrived.set()
 
-    async def _render(self, messages: tuple[tuple[str, str], ...]) -> list[int]:
-        conversation = [{"role": role, "content": content} for role, content in messages]
-        if sum(len(content) for _, content in messages) <= _INLINE_RENDER_CHARS:
-            return self._render_sync(conversation)
-        return await asyncio.to_thread(self._render_sync, conversation)
+    async def take(self) -> list[str]:
+        """Everything buffered, waiting for the first event if none is; [] once ended."""
+        await self._arrived.wait()
+        events, self._buffer = self._buffer, []
+        if not self._ended:
+            self._arrived.clear()
+        return events
 
-    def _render_sync(self, conversation: list[dict[str, str]]) -> list[int]:
-        text = self._tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=True
-        )
-        # The template carries any special tokens itself; adding them again would double BOS.
-        return self._tokenizer.encode(text, add_special_tokens=False)
-
-    def _sampling_params(
-        self, options: SamplingOptions, prompt_tokens: int, kind: RequestOutputKind
-    ) -> SamplingParams:
-        room = self.max_model_len - prompt_tokens
-        if room <= 0 or (options.max_tokens is not None and options.max_tokens > room):
-            requested = (
-                f" However, you requested {prompt_tokens + options.max_tokens} tokens "
-                f"({prompt_tokens} in the messages, {options.max_tokens} in the completion)."
-                if options.max_tokens is not None
-                else f" However, your messages resulted in {prompt_tokens} tokens."
-            )
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {self.max_model_len} tokens."
-                f"{requested} Please reduce the length of the messages or completion."
-            )
-        return SamplingParams(
-            n=options.n,
-            max_tokens=options.max_tokens if options.max_tokens is not None else room,
-            temperature=options.temperature,
-            top_p=options.top_p,
-            frequency_penalty=options.frequency_penalty,
-            presence_penalty=options.presence_penalty,
-            stop=list(options.stop) or None,
-            seed=options.seed,
-            ignore_eos=options.ignore_eos,
-            min_tokens=options.min_tokens,
-            output_kind=kind,
-        )
+    async def close(self) -> None:
+        """Stop reading; closing vLLM's generator aborts the engine request."""
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await self._events.aclose()
 
 
-def _finish_reason(reason: str | None) -> str | None:
-    """vLLM says 'abort' when we cancelled; the client never sees that request again."""
-    if reason is None or reason in ("stop", "length"):
-        return reason
-    if reason == "error":
-        raise EngineUnavailable("The model engine failed while generating. Retry shortly.")
-    return "stop"
+_STREAM_FAILED = (
+    'data: {"error": {"message": "The model engine failed while generating. Retry shortly.", '
+    '"type": "server_error", "param": null, "code": "model_unavailable"}}\n\n'
+)

@@ -1,61 +1,34 @@
 """The narrow interface between the ingress and a model deployment.
 
-Plain, picklable types: they cross Ray on every request and every streamed chunk, so they
+Plain, picklable types: they cross Ray on every request and every streamed message, so they
 stay small, and this module imports nothing heavy (the ingress never imports vLLM).
+The request is the OpenAI body as the ingress validated it; the reply is already encoded
+by vLLM's serving layer, so the ingress relays bytes without decoding them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingOptions:
-    """How to sample; `max_tokens` None means up to the end of the context window."""
+class ReplyPart(NamedTuple):
+    """The whole JSON body of a reply, or the SSE events ready since the last part.
 
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    n: int = 1
-    ignore_eos: bool = False
-    min_tokens: int = 0
+    The token counts are the engine's, for the whole request so far (all choices, all prompts).
+    """
 
-
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    """One chat completion, already validated by the ingress. Messages are (role, text) pairs."""
-
-    request_id: str
-    messages: tuple[tuple[str, str], ...]
-    sampling: SamplingOptions = field(default_factory=SamplingOptions)
-
-
-class Delta(NamedTuple):
-    """New text of one choice. In a completion it is the whole text of that choice."""
-
-    index: int
-    text: str
-    token_count: int
-    finish_reason: str | None
-
-
-class GenerationChunk(NamedTuple):
-    """One step of a stream, or (from `complete`) the whole result."""
-
+    data: bytes
     prompt_tokens: int
-    deltas: tuple[Delta, ...]
+    completion_tokens: int
 
 
 class ModelInfo(NamedTuple):
-    """What the ingress may tell clients about a model type; never the concrete model."""
+    """What the ingress may tell clients (and check early) about a model type."""
 
     name: str
     max_model_len: int
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 class GenerationError(Exception):
@@ -69,6 +42,20 @@ class GenerationError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        # What the engine processed before the failure (the prompt once prefilled, tokens
+        # made): the ingress charges it.
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def __reduce__(self):
+        # Instances may carry a status, param or code of their own: keep them across Ray.
+        return (_rebuild, (type(self), self.message, dict(vars(self))))
+
+
+def _rebuild(cls: type[GenerationError], message: str, state: dict) -> GenerationError:
+    error = cls(message)
+    vars(error).update(state)
+    return error
 
 
 class ContextLengthExceeded(GenerationError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,16 +11,20 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.config import TINY_MODEL, ModelTypeConfig, tiny_model_dir
-from deployments.generation import GenerationChunk, GenerationRequest, ModelInfo
+from deployments.generation import EngineUnavailable, ModelInfo, ReplyPart
+from deployments.responses_wire import ResponsePart
 
 logger = logging.getLogger("ray.serve")
 
 
 @serve.deployment
 class ModelServer:
-    """Streams generations of one model type. Options come from `ModelTypeConfig.serve_options`."""
+    """Serves OpenAI requests of one model type with vLLM's own serving layer.
 
-    def __init__(self, config: ModelTypeConfig) -> None:
+    Options come from `ModelTypeConfig.serve_options`; the served model name is the type's.
+    """
+
+    async def __init__(self, config: ModelTypeConfig) -> None:
         from deployments.engine import VllmEngine
 
         self._name = config.name
@@ -29,22 +34,49 @@ class ModelServer:
 
             model = str(ensure(tiny_model_dir()))
         logger.info("Starting the engine of %s", self._name)
-        self._engine = VllmEngine.start(config.engine_kwargs(model))
+        self._engine = await VllmEngine.start(
+            config.engine_kwargs(model),
+            tool_call_parser=config.tool_call_parser,
+            reasoning_parser=config.reasoning_parser,
+            chat_template=config.chat_template,
+            tool_strict_level=config.tool_strict_level,
+        )
+        self._tool_call_parser = config.tool_call_parser
+        self._responses = None
         logger.info("%s ready: max_model_len=%d", self._name, self._engine.max_model_len)
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        async for chunk in self._engine.stream(request):
-            yield chunk
+    async def stream(self, api: str, body: dict) -> AsyncIterator[ReplyPart]:
+        """A streamed request of `api` ("chat" or "completion"): batches of SSE events."""
+        async for part in self._engine.serve(api, body):
+            yield part
 
-    async def complete(self, request: GenerationRequest) -> GenerationChunk:
-        return await self._engine.complete(request)
+    async def reply(self, api: str, body: dict) -> ReplyPart:
+        """A whole request of `api`: one part holding the JSON body."""
+        async for part in self._engine.serve(api, body):
+            return part
+        raise EngineUnavailable("The model engine ended the request without a reply.")
+
+    async def responses(self, body: dict, echo: dict) -> AsyncIterator[ResponsePart]:
+        """POST /v1/responses through vLLM's own Responses handler (built on first use)."""
+        if self._responses is None:
+            from deployments.responses import ResponsesServing
+
+            self._responses = ResponsesServing.build(
+                self._engine.async_llm, self._name, self._tool_call_parser
+            )
+        async for part in self._responses.respond(body, echo):
+            yield part
 
     async def info(self) -> ModelInfo:
-        return ModelInfo(self._name, self._engine.max_model_len)
+        return self._engine.info(self._name)
 
     async def running_requests(self) -> int:
         """Requests the engine still holds; tests use it to prove that aborts free the engine."""
         return self._engine.running_requests()
+
+    async def process_ids(self) -> tuple[int, tuple[int, ...]]:
+        """This replica's pid and its engine cores' pids; tests kill them to prove recovery."""
+        return os.getpid(), self._engine.core_pids()
 
     async def check_health(self) -> None:
         await self._engine.check_health()

@@ -12,13 +12,25 @@ import shutil
 import tempfile
 from pathlib import Path
 
+# ChatML, with Hermes-style tools as Qwen2.5 writes them: the tools in a system block, each
+# call of an assistant message as <tool_call>{"name", "arguments"}</tool_call>, tool results as
+# `tool` messages. vLLM's `hermes` tool-call parser reads calls in that form.
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\n<tools>' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\n</tools><|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% endif %}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{{ '<tool_call>\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{{ call['function']['arguments'] | tojson }}{{ '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Hello, how are you today? I am fine, thank you.",
@@ -28,13 +40,18 @@ CORPUS = [
     "Numbers 0 1 2 3 4 5 6 7 8 9 and symbols !?.,;:-_()[]{}<>=+*/\\'\"",
 ] * 20
 MARKER = "serviceai-tiny-model.json"
+# Bumped when what `generate` writes changes, so that an older folder is made again.
+VERSION = 2
+# The model's own sampling defaults, which vLLM applies to a request that omits them. A small
+# top_k is visible from outside: every sampled token is among the top_k most likely.
+GENERATION_DEFAULTS = {"do_sample": True, "temperature": 0.8, "top_k": 5}
 
 
 def generate(out_dir: Path, vocab_size: int = 512, seed: int = 0) -> Path:
     """Write a tokenizer and a randomly initialised LlamaForCausalLM into out_dir."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
@@ -75,8 +92,16 @@ def generate(out_dir: Path, vocab_size: int = 512, seed: int = 0) -> Path:
         torch_dtype="float32",
     )
     model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        **GENERATION_DEFAULTS,
+    )
     model.save_pretrained(out_dir, safe_serialization=True)
-    (out_dir / MARKER).write_text(json.dumps({"seed": seed, "vocab_size": vocab_size}))
+    (out_dir / MARKER).write_text(
+        json.dumps({"seed": seed, "vocab_size": vocab_size, "version": VERSION})
+    )
     return out_dir
 
 
@@ -86,8 +111,10 @@ def ensure(out_dir: Path) -> Path:
     Several replicas may call this at once: each writes a private folder and renames it
     into place, so a reader never sees a half-written model.
     """
-    if (out_dir / MARKER).exists():
+    if _is_current(out_dir):
         return out_dir
+    if (out_dir / MARKER).exists():
+        shutil.rmtree(out_dir)  # an older version: make it again
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out_dir.parent))
     try:
@@ -95,11 +122,18 @@ def ensure(out_dir: Path) -> Path:
         try:
             staging.rename(out_dir)
         except OSError:
-            if not (out_dir / MARKER).exists():
+            if not _is_current(out_dir):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+def _is_current(out_dir: Path) -> bool:
+    try:
+        return json.loads((out_dir / MARKER).read_text()).get("version") == VERSION
+    except (OSError, ValueError):
+        return False
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ STACK_LOCK = Path(tempfile.gettempdir()) / "serviceai-stack.lock"
 # The PostgreSQL of this machine (trust auth). Every test run creates its own databases on it,
 # named after RUN_ID, and drops them at the end.
 POSTGRES = os.environ.get("SERVICEAI_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+# The Redis of this machine; `make test` points both at throw-away servers where none answers.
+REDIS = os.environ.get("SERVICEAI_TEST_REDIS", "redis://127.0.0.1:6379/0")
 RUN_ID = f"serviceai_test_{os.getpid()}_{secrets.token_hex(3)}"
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -174,10 +176,13 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     store_dir = Path(tempfile.mkdtemp(prefix="sai-keys-", dir="/tmp"))
     database_url = f"sqlite+aiosqlite:///{store_dir / 'keys.db'}"
     admin_token = secrets.token_urlsafe(32)
+    # Shared by every ingress replica: the tests that run two would refuse to start without.
+    session_secret = secrets.token_urlsafe(32)
     api_key = asyncio.run(_first_key(database_url))
     # Ray's workers, the ingress replicas among them, inherit this environment.
     os.environ["SERVICEAI_DATABASE_URL"] = database_url
     os.environ["SERVICEAI_ADMIN_TOKEN"] = admin_token
+    os.environ["SERVICEAI_SESSION_SECRET"] = session_secret
     os.environ["SERVICEAI_KEY_CACHE_TTL_S"] = str(STACK_KEY_CACHE_TTL_S)
     os.environ["SERVICEAI_USAGE_FLUSH_S"] = str(STACK_USAGE_FLUSH_S)
     os.environ["HF_HUB_OFFLINE"] = "1"  # no hub on these machines: fail fast, never hang
@@ -216,12 +221,13 @@ def stack(stack_lock: None) -> Iterator[Stack]:
             admin_token=admin_token,
             key_cache_ttl_s=STACK_KEY_CACHE_TTL_S,
             metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
-            secrets=[api_key, admin_token],
+            secrets=[api_key, admin_token, session_secret],
         )
     finally:
         serve.shutdown()
         ray.shutdown()
-        for name in ("SERVICEAI_DATABASE_URL", "SERVICEAI_ADMIN_TOKEN", "SERVICEAI_KEY_CACHE_TTL_S",
+        for name in ("SERVICEAI_DATABASE_URL", "SERVICEAI_ADMIN_TOKEN", "SERVICEAI_SESSION_SECRET",
+                     "SERVICEAI_KEY_CACHE_TTL_S",
                      "SERVICEAI_USAGE_FLUSH_S", "SERVICEAI_PUBLIC_BASE_URL", *runtime):
             os.environ.pop(name, None)
         shutil.rmtree(ray_dir, ignore_errors=True)

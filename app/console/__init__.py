@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.sessions import SessionMiddleware
 
 from app.console import pages
+from app.console.client_address import ClientAddress
 from app.console.session import CsrfRejected, SignInRequired
 from app.console.sign_in_limit import SignInLimit
 from app.errors import request_id_of
@@ -45,6 +46,8 @@ def mount_console(api: FastAPI, settings: Settings) -> None:
     console.state.models = api.state.models
     console.state.limits = api.state.limits
     console.state.base_url = settings.public_base_url
+    console.state.sign_up = settings.sign_up
+    console.state.client_address = ClientAddress(settings.trusted_proxies)
     console.state.sign_in_limit = SignInLimit(
         settings.sign_in_limit_per_email, settings.sign_in_limit_per_address
     )
@@ -71,6 +74,17 @@ def mount_console(api: FastAPI, settings: Settings) -> None:
     )
     _install_error_pages(console)
     api.mount(PREFIX, console)
+
+
+def require_shared_secret(settings: Settings, most_replicas: int) -> None:
+    """Refuse to start an ingress of several replicas whose cookies only one could read."""
+    if most_replicas > 1 and settings.session_secret is None:
+        raise RuntimeError(
+            f"The ingress may run {most_replicas} replicas, but SERVICEAI_SESSION_SECRET is "
+            "unset: each replica would sign console sessions with a key of its own, so a form "
+            "served by one and posted to another fails and users are signed out at random. "
+            "Set SERVICEAI_SESSION_SECRET (e.g. `openssl rand -hex 32`) for every replica."
+        )
 
 
 def _session_secret(settings: Settings) -> str:

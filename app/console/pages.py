@@ -50,6 +50,7 @@ def render(
     context["model_types"] = _model_types(request)
     # The 500 page is rendered outside the session middleware, without a form to protect.
     context["csrf"] = session.csrf_token(request) if "session" in request.scope else None
+    context["sign_up"] = request.app.state.sign_up
     return templates.TemplateResponse(request, template, context, status, headers)
 
 
@@ -70,7 +71,7 @@ def _store(request: Request) -> KeyStore:
 
 
 def _address(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
+    return request.app.state.client_address.of(request)
 
 
 @router.get("/")
@@ -86,6 +87,9 @@ async def sign_up_page(request: Request) -> Response:
 @router.post("/sign-up")
 async def sign_up(request: Request) -> Response:
     form = await session.checked_form(request)
+    mode = request.app.state.sign_up
+    if mode == "off":
+        return render(request, "sign_up.html", 403)
     limit: SignInLimit = request.app.state.sign_in_limit
     wait_s = limit.attempt(email=None, address=_address(request))
     if wait_s is not None:
@@ -93,16 +97,21 @@ async def sign_up(request: Request) -> Response:
     try:
         fields = SignUpForm.model_validate(dict(form))
         user = await _store(request).create_user(
-            fields.email, password=fields.password.get_secret_value()
+            fields.email, password=fields.password.get_secret_value(),
+            disabled=mode == "approval",
         )
     except ValidationError as exc:
         return render(request, "sign_up.html", 400, error=problem(exc), email=form.get("email"))
     except UserExists:
+        if mode == "approval":  # the same answer as for a new email: nothing to learn here
+            return render(request, "sign_up.html", 202, requested=True)
         return render(
             request, "sign_up.html", 409, email=form.get("email"),
             error="An account with this email already exists: sign in instead.",
         )
-    session.start(request, user)
+    if mode == "approval":
+        return render(request, "sign_up.html", 202, requested=True)
+    await session.start(request, user)
     return go(request, "keys")
 
 
@@ -135,7 +144,7 @@ async def sign_in(request: Request) -> Response:
             request, "sign_in.html", 403, email=fields.email,
             error="This account is disabled. Ask the operator of this service to enable it.",
         )
-    session.start(request, user)
+    await session.start(request, user)
     return go(request, "keys")
 
 
@@ -149,7 +158,7 @@ def _too_many(request: Request, template: str, wait_s: int, **context: object) -
 @router.post("/sign-out")
 async def sign_out(request: Request) -> Response:
     await session.checked_form(request)
-    session.end(request)
+    await session.end_everywhere(request)
     return go(request, "sign-in")
 
 

@@ -1,8 +1,10 @@
 """Who is signed in to the console, and proof that a form came from the console itself.
 
 The session is Starlette's signed cookie (itsdangerous, HttpOnly, SameSite=Lax). It holds the
-user's id and a random CSRF token; every form carries that token back in a hidden field, and a
-POST whose token does not match is refused before it does anything.
+user's id, the user's session version and a random CSRF token; every form carries that token back
+in a hidden field, and a POST whose token does not match is refused before it does anything.
+The version is kept in the key store: signing out or a new password bumps it, and every copy of
+every cookie issued before is refused from then on, on every replica.
 """
 
 from __future__ import annotations
@@ -48,15 +50,25 @@ async def checked_form(request: Request) -> FormData:
     return form
 
 
-def start(request: Request, user: User) -> None:
+async def start(request: Request, user: User) -> None:
     """Sign `user` in: a fresh session, so nothing from before the sign-in carries over."""
+    store: KeyStore = request.app.state.store
     request.session.clear()
     request.session["user"] = user.id
+    request.session["version"] = await store.session_version(user.id)
     csrf_token(request)
 
 
 def end(request: Request) -> None:
     request.session.clear()
+
+
+async def end_everywhere(request: Request) -> None:
+    """Sign out: this cookie, and every copy of it or of the user's other sessions."""
+    user_id = request.session.get("user")
+    if user_id is not None:
+        await request.app.state.store.end_sessions(user_id)
+    end(request)
 
 
 async def signed_in_user(request: Request) -> User:
@@ -65,6 +77,9 @@ async def signed_in_user(request: Request) -> User:
     if user_id is None:
         raise SignInRequired()
     store: KeyStore = request.app.state.store
+    if request.session.get("version") != await store.session_version(user_id):
+        end(request)  # signed out elsewhere, a new password, or no such user
+        raise SignInRequired()
     try:
         user = await store.get_user(user_id)
     except UserNotFound:

@@ -14,6 +14,10 @@ from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
 
+Counted = tuple[RateLimitItem, str, str]
+"""A limit, what it counts ('address' or 'email') and whose."""
+
+
 class SignInLimit:
     def __init__(self, per_email: str, per_address: str) -> None:
         self._limiter = MovingWindowRateLimiter(MemoryStorage())
@@ -21,18 +25,26 @@ class SignInLimit:
         self._per_address = parse_many(per_address)
 
     def attempt(self, *, email: str | None, address: str) -> int | None:
-        """Count one attempt; None when allowed, else the seconds until one is allowed again."""
-        counted = [(limit, "address", address) for limit in self._per_address]
-        if email is not None:
-            counted += [(limit, "email", email.strip().lower()) for limit in self._per_email]
-        refused = [
+        """Count one attempt; None when allowed, else the seconds until one is allowed again.
+
+        The address is counted first: an attempt its address may not make is not counted
+        against the email, so one address guessing at many accounts cannot lock their owners
+        out."""
+        refused = self._hit([(limit, "address", address) for limit in self._per_address])
+        if not refused and email is not None:
+            who = email.strip().lower()
+            refused = self._hit([(limit, "email", who) for limit in self._per_email])
+        if not refused:
+            return None
+        return max(self._wait_s(limit, kind, who) for limit, kind, who in refused)
+
+    def _hit(self, counted: list[Counted]) -> list[Counted]:
+        """Count each; the ones that refused (a refused hit is not recorded)."""
+        return [
             (limit, kind, who)
             for limit, kind, who in counted
             if not self._limiter.hit(limit, "sign-in", kind, who)
         ]
-        if not refused:
-            return None
-        return max(self._wait_s(limit, kind, who) for limit, kind, who in refused)
 
     def _wait_s(self, limit: RateLimitItem, kind: str, who: str) -> int:
         reset_at = self._limiter.get_window_stats(limit, "sign-in", kind, who).reset_time

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncEngine,
@@ -28,8 +29,9 @@ from app.keystore.errors import StoreUnavailable
 logger = logging.getLogger("ray.serve.serviceai")
 
 CONNECT_TIMEOUT_S = 5
-# What a database that is down, restarting or locked raises; everything else is a bug.
-_UNAVAILABLE = (OperationalError, InterfaceError, OSError, TimeoutError)
+# What a database that is down, restarting, locked or out of pooled connections raises;
+# everything else is a bug.
+_UNAVAILABLE = (OperationalError, InterfaceError, OSError, TimeoutError, PoolTimeout)
 
 
 class Database:

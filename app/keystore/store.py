@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
-from sqlalchemy import Select, bindparam, func, or_, select, tuple_, update
+from sqlalchemy import Insert, Select, bindparam, func, insert, literal, or_, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -68,9 +68,11 @@ class KeyStore:
     # Users
 
     async def create_user(
-        self, email: str, plan: str = DEFAULT_PLAN, *, password: str | None = None
+        self, email: str, plan: str = DEFAULT_PLAN, *, password: str | None = None,
+        disabled: bool = False,
     ) -> User:
-        """A new user; with `password`, one who can sign in to the console."""
+        """A new user; with `password`, one who can sign in to the console; `disabled`, one
+        an operator has yet to enable."""
         email = email.strip().lower()
         password_hash = None if password is None else await passwords.hash_password(password)
         row = UserRow(
@@ -80,6 +82,7 @@ class KeyStore:
             created_at=now(),
             password_hash=password_hash,
         )
+        row.disabled_at = row.created_at if disabled else None
         try:
             async with self.database.transaction() as session:
                 session.add(row)
@@ -111,13 +114,32 @@ class KeyStore:
                 row.disabled_at = now() if disabled else None
         return _user(row)
 
-    async def set_password(self, user: str, password: str) -> User:
-        """Set (or replace) a user's console password: how CLI-made users get one."""
+    async def set_password(self, user: str, password: str, *, end_sessions: bool = True) -> User:
+        """Set (or replace) a user's console password: how CLI-made users get one. Every
+        console session of the user ends (unless only the hash's parameters change)."""
         password_hash = await passwords.hash_password(password)
         async with self.database.transaction() as session:
             row = await _find_user(session, user)
             row.password_hash = password_hash
-        return _user(row)
+            if end_sessions:
+                row.session_version = UserRow.session_version + 1
+        return await self.get_user(row.id)
+
+    async def session_version(self, user_id: str) -> int | None:
+        """The version a console session of this user must carry; None for no such user."""
+        async with self.database.connection() as connection:
+            return await connection.scalar(
+                select(UserRow.session_version).where(UserRow.id == user_id)
+            )
+
+    async def end_sessions(self, user_id: str) -> None:
+        """End every console session of a user, on every replica (sign-out)."""
+        async with self.database.transaction() as session:
+            await session.execute(
+                update(UserRow)
+                .where(UserRow.id == user_id)
+                .values(session_version=UserRow.session_version + 1)
+            )
 
     async def check_password(self, email: str, password: str) -> User:
         """The user with this email and password (disabled or not), else WrongCredentials.
@@ -133,7 +155,7 @@ class KeyStore:
         if row is None or not matched:
             raise WrongCredentials("The email or the password is not right.")
         if passwords.needs_rehash(row.password_hash):
-            await self.set_password(row.id, password)
+            await self.set_password(row.id, password, end_sessions=False)
         return _user(row)
 
     # Keys
@@ -144,26 +166,29 @@ class KeyStore:
             owner = await _find_user(session, user)
             if owner.disabled_at is not None:
                 raise UserDisabled(f"User {owner.id} is disabled: enable it before adding keys.")
-            active = await session.scalar(
-                select(func.count()).where(
-                    ApiKeyRow.user_id == owner.id, ApiKeyRow.revoked_at.is_(None)
+            owner_id = owner.id
+        row = ApiKeyRow(
+            id=keygen.new_id("key"),
+            user_id=owner_id,
+            key_hash=issued.hash,
+            display=issued.display,
+            name=name,
+            created_at=now(),
+        )
+        async with self.database.transaction() as session:
+            if self.database.dialect == "postgresql":
+                # Parallel creates of one user queue here, so each sees the others' keys.
+                await session.execute(
+                    select(UserRow.id).where(UserRow.id == owner_id).with_for_update()
                 )
-            )
-            if active >= self.max_keys_per_user:
-                raise KeyLimitReached(
-                    f"User {owner.id} already holds {active} active keys, the most allowed. "
-                    "Revoke one first."
-                )
-            row = ApiKeyRow(
-                id=keygen.new_id("key"),
-                user_id=owner.id,
-                key_hash=issued.hash,
-                display=issued.display,
-                name=name,
-                created_at=now(),
-            )
-            session.add(row)
-        return IssuedApiKey(**_key(row).model_dump(), key=issued.secret)
+            # One statement: SQLite takes its write lock before the count, so it is atomic.
+            inserted = await session.execute(_insert_within_limit(row, self.max_keys_per_user))
+            if inserted.rowcount == 1:
+                return IssuedApiKey(**_key(row).model_dump(), key=issued.secret)
+        raise KeyLimitReached(
+            f"User {owner_id} already holds {self.max_keys_per_user} active keys, the most "
+            "allowed. Revoke one first."
+        )
 
     async def list_keys(
         self, user: str | None = None, limit: int = 100, after: str | None = None
@@ -301,7 +326,10 @@ async def _page(
 ) -> Select:
     """Oldest first, `limit` + 1 rows (to tell whether there are more), after the row `after`."""
     if after is not None:
-        found = await session.execute(select(table.created_at, table.id).where(table.id == after))
+        # Looked up within the list itself: another user's id reads as unknown, as it is here.
+        found = await session.execute(
+            query.with_only_columns(table.created_at, table.id).where(table.id == after)
+        )
         cursor = found.first()
         if cursor is None:
             raise KeyStoreError(
@@ -309,6 +337,21 @@ async def _page(
             )
         query = query.where(tuple_(table.created_at, table.id) > tuple_(*cursor))
     return query.order_by(table.created_at, table.id).limit(limit + 1)
+
+
+def _insert_within_limit(row: ApiKeyRow, max_keys: int) -> Insert:
+    """INSERT the key only while its owner holds fewer than `max_keys` active keys."""
+    columns = ("id", "user_id", "key_hash", "display", "name", "created_at")
+    active = (
+        select(func.count())
+        .select_from(ApiKeyRow)
+        .where(ApiKeyRow.user_id == row.user_id, ApiKeyRow.revoked_at.is_(None))
+        .scalar_subquery()
+    )
+    values = select(
+        *(literal(getattr(row, c), getattr(ApiKeyRow, c).type).label(c) for c in columns)
+    ).where(active < max_keys)
+    return insert(ApiKeyRow).from_select(list(columns), values)
 
 
 def _user(row: UserRow) -> User:

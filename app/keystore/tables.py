@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime
 
-from sqlalchemy import BigInteger, Date, DateTime, ForeignKey, MetaData, String, TypeDecorator
+from sqlalchemy import (
+    BigInteger, Date, DateTime, ForeignKey, Integer, MetaData, String, Text, TypeDecorator,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -50,6 +52,8 @@ class UserRow(Base):
     disabled_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     # An argon2id hash for the console's sign-in; None for users made by the CLI or admin API.
     password_hash: Mapped[str | None] = mapped_column(String(255))
+    # Console sessions carry the version they began under; bumping it ends them all.
+    session_version: Mapped[int] = mapped_column(Integer(), default=0, server_default="0")
 
 
 class ApiKeyRow(Base):
@@ -76,3 +80,21 @@ class DailyUsageRow(Base):
     requests: Mapped[int] = mapped_column(BigInteger())
     prompt_tokens: Mapped[int] = mapped_column(BigInteger())
     completion_tokens: Mapped[int] = mapped_column(BigInteger())
+
+
+class StoredResponseRow(Base):
+    """A finished /v1/responses reply and the input the model saw, owned by one user.
+
+    `input_items` is the whole conversation up to this turn (previous turns replayed), so a
+    `previous_response_id` resolves with one read; `body` is the response object as returned.
+    """
+
+    __tablename__ = "stored_responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger())
+    input_items: Mapped[str] = mapped_column(Text())
+    body: Mapped[str] = mapped_column(Text())

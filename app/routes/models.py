@@ -1,4 +1,5 @@
-"""GET /v1/models and /v1/models/{id}: the logical model types, never the concrete models."""
+"""GET /v1/models and /v1/models/{id}: the logical model types (with their context length),
+never the concrete models."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ router = APIRouter()
 @router.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorResponse}})
 async def list_models(request: Request, caller: Caller = Depends(authenticate)) -> ModelList:
     models: ModelRouter = request.app.state.models
-    return ModelList(data=[ModelCard(id=name, created=models.created) for name in models.names])
+    return ModelList(data=[await _card(models, name) for name in models.names])
 
 
 @router.get(
@@ -26,4 +27,8 @@ async def retrieve_model(
     model_id: str, request: Request, caller: Caller = Depends(authenticate)
 ) -> ModelCard:
     models: ModelRouter = request.app.state.models
-    return ModelCard(id=models.get(model_id).name, created=models.created)
+    return await _card(models, models.get(model_id).name)
+
+
+async def _card(models: ModelRouter, name: str) -> ModelCard:
+    return ModelCard(id=name, created=models.created, max_model_len=await models.max_model_len(name))

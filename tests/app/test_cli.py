@@ -1,7 +1,12 @@
-"""`serviceai users ...` and `serviceai keys ...` against a real store (SQLite and PostgreSQL)."""
+"""`serviceai users ...` and `serviceai keys ...` against a real store (SQLite and PostgreSQL);
+`serviceai run` refusing a port it cannot use."""
 
 import asyncio
 import json
+import os
+import shutil
+import socket
+import tempfile
 from datetime import date
 
 import pytest
@@ -200,3 +205,17 @@ def test_set_password_lets_a_cli_user_sign_in_to_the_console(serviceai, database
     code, _, err = serviceai("users", "set-password", "nobody@example.com", "--password-stdin",
                              input="a long enough password\n")
     assert code == EXIT_REFUSED and "No user" in err
+
+
+def test_run_refuses_a_port_another_program_holds_naming_it():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        try:
+            result = CliRunner().invoke(cli, ["run", "--port", str(port)])
+        finally:
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), f"sai-h-{port}"), ignore_errors=True)
+    assert result.exit_code == 2
+    assert f"Port {port} is in use by another program (pid {os.getpid()}: " in result.stderr
+    assert f"kill {os.getpid()}" in result.stderr and "Traceback" not in result.output

@@ -68,3 +68,17 @@ def test_router_404_lists_models_and_503_without_replicas(monkeypatch):
 
 def test_running_replicas_of_an_unused_handle_is_unknown():
     assert running_replicas(FakeHandle("A")) is None
+
+
+def test_readiness_tells_a_first_replica_pending_from_replicas_lost(monkeypatch):
+    counts = {"A": 0, "Z": 0}
+    monkeypatch.setattr("app.dispatch.running_replicas", lambda h: counts[h.deployment_name])
+    router = ModelRouter({n: FakeHandle(n) for n in counts}, created=1, scale_to_zero=frozenset({"Z"}))
+    # Deployed before any node can host it: no replica has run yet.
+    assert router.readiness() == {"A": "pending", "Z": "ready"}
+    counts["A"] = 1
+    assert router.readiness() == {"A": "ready", "Z": "ready"}
+    counts["A"] = 0  # its node is lost
+    assert router.readiness() == {"A": "unavailable", "Z": "ready"}
+    counts["A"] = None
+    assert router.readiness()["A"] == "unknown"

@@ -2,7 +2,6 @@ import pytest
 from pydantic import ValidationError
 
 from app.protocol import ChatCompletionRequest
-from deployments.generation import SamplingOptions
 
 
 def request(**fields):
@@ -11,46 +10,59 @@ def request(**fields):
     )
 
 
-def test_defaults_follow_openai():
-    generation = request().to_generation("chatcmpl-1")
-    assert generation.request_id == "chatcmpl-1"
-    assert generation.messages == (("user", "hi"),)
-    assert generation.sampling == SamplingOptions(
-        max_tokens=None, temperature=1.0, top_p=1.0, n=1, stop=()
-    )
-
-
-def test_text_parts_are_joined_and_developer_is_system():
-    generation = ChatCompletionRequest.model_validate(
-        {
-            "model": "ServiceAi-Pro",
-            "messages": [
-                {"role": "developer", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]},
-                {"role": "assistant", "content": "Hi."},
-            ],
-        }
-    ).to_generation("x")
-    assert generation.messages == (("system", "Be brief."), ("user", "Hello, world"), ("assistant", "Hi."))
-
-
-def test_sampling_fields_are_mapped():
-    sampling = request(
-        temperature=0.3, top_p=0.9, max_tokens=7, frequency_penalty=-1, presence_penalty=2,
-        stop="END", seed=42, n=2, ignore_eos=True, min_tokens=3,
-    ).to_generation("x").sampling
-    assert sampling == SamplingOptions(
-        max_tokens=7, temperature=0.3, top_p=0.9, frequency_penalty=-1.0, presence_penalty=2.0,
-        stop=("END",), seed=42, n=2, ignore_eos=True, min_tokens=3,
-    )
+def test_the_engine_gets_the_body_as_sent_less_caller_fields():
+    body = request(temperature=0.3, top_k=5, user="u1", metadata={"a": "b"}, store=False)
+    assert body.unsupported_field() is None
+    assert body.to_engine() == {
+        "model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0.3, "top_k": 5,
+    }
 
 
 def test_max_completion_tokens_wins_over_max_tokens():
-    assert request(max_tokens=5, max_completion_tokens=9).to_generation("x").sampling.max_tokens == 9
+    assert request(max_tokens=5, max_completion_tokens=9).reply_limit == 9
 
 
-def test_unknown_fields_are_ignored():
-    assert request(logit_bias={"1": 2}, response_format={"type": "text"}, tools=[]).model == "ServiceAi-Fast"
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"audio": {"voice": "alloy"}}, "audio"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ({"store": True}, "store"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"functions": []}, "functions"),
+        ({"made_up": 1}, "made_up"),
+    ],
+)
+def test_fields_that_cannot_be_honoured_are_named(fields, param):
+    assert request(**fields).unsupported_field()[0] == param
+
+
+def test_the_agent_loop_turn_is_accepted():
+    body = ChatCompletionRequest.model_validate(
+        {
+            "model": "ServiceAi-Fast",
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
+            "tool_choice": "auto",
+        }
+    )
+    assert body.unsupported_field() is None
+
+
+def test_image_parts_are_refused_as_text_only():
+    with pytest.raises(ValidationError) as info:
+        request(messages=[{"role": "user", "content": [
+            {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "x"}}]}])
+    error = info.value.errors()[0]
+    assert error["loc"][:3] == ("messages", 0, "content")
+    assert "text only" in error["msg"]
 
 
 @pytest.mark.parametrize(
@@ -82,6 +94,14 @@ def test_unknown_fields_are_ignored():
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
         ({"messages": [{"role": "user"}]}, "messages"),
         ({"model": "x" * 300}, "model"),
+        ({"top_logprobs": 21}, "top_logprobs"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"logit_bias": {"1": 101}}, "logit_bias"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages"),
     ],
 )
 def test_out_of_range_or_mistyped_values_are_refused(fields, param):

@@ -12,9 +12,9 @@ from app.auth import Caller
 from app.errors import ApiError
 from app.plans import Plans
 from app.ratelimit import UNLIMITED, RateLimits, duration, open_storage
-from tests.conftest import app_args, free_port
+from tests.conftest import REDIS, app_args, free_port
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = REDIS
 PLANS = Plans.model_validate(app_args()["plans"])
 PRO = "ServiceAi-Pro"
 FAST = "ServiceAi-Fast"

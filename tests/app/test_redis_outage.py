@@ -5,18 +5,21 @@ machine's Redis through a TCP proxy this test cuts (the shared server is never t
 from __future__ import annotations
 
 import secrets
+from urllib.parse import urlsplit
 
 import pytest
 
 from app.errors import ApiError
 from app.ratelimit import UNLIMITED, RateLimits, open_storage
 from tests.app.test_ratelimit import PLANS, PRO, caller
+from tests.conftest import REDIS
 from tests.tcp_proxy import TcpProxy
 
 
 @pytest.mark.parametrize("fail_open", [False, True], ids=["closed", "open"])
 async def test_redis_outage_then_recovery_without_restart(fail_open):
-    proxy = await TcpProxy("127.0.0.1", 6379).start()
+    server = urlsplit(REDIS)
+    proxy = await TcpProxy(server.hostname, server.port or 6379).start()
     storage = open_storage(f"redis://127.0.0.1:{proxy.port}/0",
                            key_prefix=f"sai-test-{secrets.token_hex(4)}", timeout_s=0.5)
     limits = RateLimits(PLANS, storage, fail_open=fail_open)

@@ -189,12 +189,20 @@ def test_production_serves_real_models_set_in_the_file_only(production):
 
 def test_secrets_come_from_the_environment_only(production):
     ingress_env = applications(production)["serviceai"]["args"]["ingress"]["env_vars"]
-    settings = {"SERVICEAI_DATABASE_URL", "SERVICEAI_REDIS_URL", "SERVICEAI_ADMIN_TOKEN"}
-    assert settings <= ingress_env.keys()
+    secrets = {"SERVICEAI_DATABASE_URL", "SERVICEAI_REDIS_URL", "SERVICEAI_ADMIN_TOKEN",
+               "SERVICEAI_SESSION_SECRET"}
+    assert secrets <= ingress_env.keys()
+    # Switches may be written here; every other value comes from the node's environment.
+    switches = {"SERVICEAI_API_DOCS", "SERVICEAI_ADMIN_API", "SERVICEAI_BODY_READ_TIMEOUT_S",
+                "SERVICEAI_SIGN_UP"}
     envs = [ingress_env] + [m.get("env_vars", {}) for m in model_types(production)]
     for env in envs:
         for name, value in env.items():
+            if name in switches:
+                continue
             assert SECRET_REFERENCE.match(value) and value == f"${{{name}}}", name
+    assert ingress_env["SERVICEAI_API_DOCS"] == ingress_env["SERVICEAI_ADMIN_API"] == "false"
+    assert ingress_env["SERVICEAI_SIGN_UP"] == "approval"
     text = PRODUCTION_SERVE_CONFIG.read_text()
     assert not re.search(r"(postgres(ql)?(\+\w+)?|rediss?)://", text)
 

@@ -102,7 +102,16 @@ def test_engine_kwargs_name_the_logical_type_only():
         "served_model_name": ["ServiceAi-Coder"],
         "tensor_parallel_size": 1,
         "max_model_len": 4096,
+        "enable_prefix_caching": True,
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
     }
+
+
+def test_engine_args_override_the_engine_defaults():
+    kwargs = ModelTypeConfig(
+        name="ServiceAi-Fast", engine_args={"enable_prefix_caching": False}
+    ).engine_kwargs("/m")
+    assert kwargs["enable_prefix_caching"] is False
 
 
 def test_model_env_overrides_the_model():

@@ -120,7 +120,8 @@ def test_conversation_history_and_text_parts(client, tokenizer):
         {"role": "user", "content": "And in German?"},
     ]
     response = client.chat.completions.create(model="ServiceAi-Fast", messages=messages, max_tokens=3)
-    flat = [dict(m, content=m["content"] if isinstance(m["content"], str) else "Hello world") for m in messages]
+    # vLLM joins the text parts of a message with newlines, as `vllm serve` does.
+    flat = [dict(m, content=m["content"] if isinstance(m["content"], str) else "Hello\n world") for m in messages]
     assert response.usage.prompt_tokens == prompt_tokens(tokenizer, flat)
 
 

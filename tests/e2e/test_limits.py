@@ -20,12 +20,15 @@ import redis
 from ray import serve
 
 from app.builder import build_app
-from tests.conftest import APP_NAME, Stack, app_args, error_of, free_port
+from tests.conftest import APP_NAME, REDIS, Stack, app_args, error_of, free_port
 from tests.e2e.conftest import prompt_tokens, serviceai_cli
+from tests.e2e.processes import wait_until
+from tests.e2e.test_observability import scrape, series
 
 HI = [{"role": "user", "content": "hi"}]
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = REDIS
 HEADERS = ("requests", "tokens")
+QUEUE_DEPTH = "ray_serviceai_queue_depth"
 FREE_PRO_RPM = app_args()["plans"]["free"]["ServiceAi-Pro"]["requests_per_minute"]
 
 
@@ -289,7 +292,9 @@ def test_a_full_queue_answers_503_at_once(stack):
                                           headers=auth, timeout=120)
             )
             queued.start()
-            time.sleep(1)  # the second request is now waiting in the queue
+            # Wait (not a fixed sleep) until the ingress reports the second request waiting.
+            wait_until(lambda: scrape(stack)[series(QUEUE_DEPTH, model_type="ServiceAi-Fast")] >= 1,
+                       timeout_s=30, interval_s=0.5)
             refused = httpx.post(f"{base_url}/chat/completions", json=dict(long, stream=False),
                                  headers=auth, timeout=60)
             # Answered while the first stream still runs: not after a wait for a slot.

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import time
 
 import httpx
@@ -15,19 +13,10 @@ from ray import serve
 
 from app.builder import build_app
 from tests.conftest import app_args
+from tests.e2e.processes import gone, serves, serving_replica, wait_until
 
 LONG = {"messages": [{"role": "user", "content": "Tell me a long story"}], "max_tokens": 1500,
-        "stream": True, "extra": "ignored", "ignore_eos": True}
-
-
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s} s")
+        "stream": True, "ignore_eos": True}
 
 
 def test_client_disconnect_aborts_the_engine_request(stack, http):
@@ -41,43 +30,9 @@ def test_client_disconnect_aborts_the_engine_request(stack, http):
     wait_until(lambda: engine.running_requests.remote().result() == 0, timeout_s=5)
 
 
-def replica_process(stack, deployment: str) -> psutil.Process:
-    """This stack's (single) replica process of `deployment`."""
-    title = f"ray::ServeReplica:serviceai:{deployment}"
-    replicas = [
-        p for p in psutil.process_iter(["cmdline"])
-        if " ".join(p.info["cmdline"] or []).startswith(title)
-        and str(stack.ray_dir) in " ".join(p.parent().cmdline())
-    ]
-    assert len(replicas) == 1, replicas
-    return replicas[0]
-
-
-def engine_core_pids(stack, deployment: str) -> list[int]:
-    """The engine-core processes under this stack's replica of `deployment`."""
-    children = replica_process(stack, deployment).children(recursive=True)
-    return [p.pid for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def serves(http, model: str) -> bool:
-    response = http.post(
-        "/v1/chat/completions",
-        json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
-    )
-    return response.status_code == 200
-
-
 def test_engine_death_mid_stream_ends_the_stream_with_an_error_then_recovers(stack, http, client):
-    replica = replica_process(stack, "ServiceAi-Coder")
-    pids = engine_core_pids(stack, "ServiceAi-Coder")
-    assert pids, "no engine core process found"
+    processes = serving_replica(stack, http, "ServiceAi-Coder")
+    replica = processes.replica
     # Step 1: two streams flowing on Coder when its engine process is killed.
     with contextlib.ExitStack() as streams:
         responses = [
@@ -94,8 +49,8 @@ def test_engine_death_mid_stream_ends_the_stream_with_an_error_then_recovers(sta
                 next(lines)
             readers.append(lines)
         started = time.monotonic()
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        for core in processes.engine_cores:
+            core.kill()
         # Step 2: each open stream ends with an error event and [DONE], not a hang.
         for lines in readers:
             rest = [line for line in lines if line]
@@ -114,15 +69,14 @@ def test_engine_death_mid_stream_ends_the_stream_with_an_error_then_recovers(sta
     # Step 4: Serve replaces the replica (a new process), and Step 5: Coder serves again.
     wait_until(lambda: not replica.is_running() or replica.status() == psutil.STATUS_ZOMBIE,
                timeout_s=120, interval_s=1)
-    wait_until(lambda: serves(http, "ServiceAi-Coder"), timeout_s=180, interval_s=2)
-    assert replica_process(stack, "ServiceAi-Coder").pid != replica.pid
+    assert serving_replica(stack, http, "ServiceAi-Coder").replica.pid != replica.pid
 
 
 def test_killed_replica_takes_its_engine_processes_with_it(stack, http):
-    replica = replica_process(stack, "ServiceAi-Pro")
-    engines = [p.pid for p in replica.children(recursive=True)]
-    assert engines, "the replica has no engine processes"
-    replica.kill()
+    processes = serving_replica(stack, http, "ServiceAi-Pro")
+    engines = [p.pid for p in processes.replica.children(recursive=True)]
+    assert {p.pid for p in processes.engine_cores} <= set(engines)
+    processes.replica.kill()
     # Orphaned engines would hold their memory (a whole GPU in production) until the node dies.
     wait_until(lambda: all(gone(pid) for pid in engines), timeout_s=10)
     wait_until(lambda: serves(http, "ServiceAi-Pro"), timeout_s=180, interval_s=2)

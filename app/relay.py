@@ -1,0 +1,179 @@
+"""One request through the gateway to a model type and its reply back, encoded once.
+
+Checks what can be decided here (fields, context, the plan) before any counter is touched,
+admits the request against the plan's limits, dispatches it, and relays the replica's bytes:
+the JSON body, or the SSE events batched as the replica sent them. Usage and limits are
+charged with the engine's token counts that travel beside those bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import Request, Response
+from ray.serve.handle import DeploymentResponseGenerator
+
+from app.auth import Caller
+from app.dispatch import ModelEndpoint, ModelRouter
+from app.errors import ApiError
+from app.observability.request_record import RequestRecord, record_of
+from app.protocol import ChatCompletionRequest, CompletionRequest, GenerationFields
+from app.ratelimit import RateLimits
+from app.sse import DONE_EVENT, EventStream, error_event
+from deployments.generation import ModelInfo, ReplyPart
+
+SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+async def relay(
+    request: Request, caller: Caller, body: GenerationFields, api: str, reply_tokens: int | None
+) -> Response:
+    """Serve `body` with the model server's `api` ("chat" or "completion").
+
+    `reply_tokens` is the most the reply may generate, all choices and prompts together
+    (None: up to the end of the context).
+    """
+    models: ModelRouter = request.app.state.models
+    endpoint = models.resolve(body.model)
+    record = record_of(request)
+    record.model_type = endpoint.name  # a 429 below is counted against the type it asked for
+    refused = body.unsupported_field()
+    if refused is not None:
+        name, reason = refused
+        raise ApiError(400, reason, param=name, code="unsupported_parameter")
+    model = await endpoint.info()
+    check_against_model(body, model)
+    limits: RateLimits = request.app.state.limits
+    limits.check_fits(caller, endpoint.name, reply_tokens)
+    admission = await limits.admit(caller, endpoint.name, reply_tokens, choices=_choices(body))
+    record.sent_to(endpoint.name, bool(body.stream))
+
+    def done(prompt_tokens: int, completion_tokens: int) -> None:
+        """The engine's real usage, charged to the rate limits and metered for the key."""
+        admission.settle(prompt_tokens, completion_tokens)
+        request.app.state.usage.record(
+            caller.key_id, endpoint.name, prompt_tokens, completion_tokens
+        )
+
+    payload = body.to_engine()
+    longest = admission.reply_length(model.max_model_len)
+    if body.reply_limit is None and longest is not None:
+        payload[_reply_field(body)] = longest
+    try:
+        if body.stream:
+            first, stream = await endpoint.open_stream(api, payload)
+        else:
+            whole = await endpoint.reply(api, payload)
+    except BaseException as error:
+        admission.settle_failed(error)  # what the engine processed before it failed, if anything
+        if isinstance(error, ApiError):
+            error.headers.update(admission.headers)
+        raise
+
+    if body.stream:
+        record.first_token(first.prompt_tokens)
+        tally = _Tally(first)
+
+        def closed() -> None:
+            """Runs when the response ends, however it ends (before its first event too)."""
+            if not tally.finished:
+                # The client went away: free the engine at once rather than generate for nobody.
+                stream.cancel()
+            # Whatever the engine produced counts, a stream the client cut off included.
+            done(tally.last.prompt_tokens, tally.last.completion_tokens)
+
+        return EventStream(
+            _events(endpoint, stream, tally, record),
+            media_type="text/event-stream",
+            headers={**SSE_HEADERS, **admission.headers},
+            on_close=closed,
+        )
+    done(whole.prompt_tokens, whole.completion_tokens)
+    record.completed(whole.prompt_tokens, whole.completion_tokens)
+    return Response(whole.data, media_type="application/json", headers=admission.headers)
+
+
+def check_against_model(body: GenerationFields, model: ModelInfo) -> None:
+    """Refuse what this model type can never serve, before any rate-limit counter moves."""
+    limit = body.reply_limit
+    if limit is not None and limit >= model.max_model_len:
+        param = (
+            "max_completion_tokens"
+            if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None
+            else "max_tokens"
+        )
+        raise ApiError(
+            400,
+            f"{param} is too large: {limit}. This model's maximum context length is "
+            f"{model.max_model_len} tokens, prompt included; request fewer completion tokens.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if not isinstance(body, ChatCompletionRequest):
+        return
+    if body.tools and body.tool_choice != "none" and model.tool_call_parser is None:
+        # vLLM needs the parser for 'required' and named choices too: it frames calls with it.
+        raise ApiError(
+            400,
+            f"{model.name} has no tool-call parser, so it cannot call tools: tool_choice "
+            f"'{_choice_name(body.tool_choice)}' is not supported on it (only 'none'). "
+            "Use a model type that parses tool calls.",
+            param="tool_choice",
+            code="unsupported_parameter",
+        )
+    if body.reasoning_effort is not None and model.reasoning_parser is None:
+        raise ApiError(
+            400,
+            f"{model.name} does not reason before answering: reasoning_effort is not supported.",
+            param="reasoning_effort",
+            code="unsupported_parameter",
+        )
+
+
+def _choice_name(choice: object) -> str:
+    """'auto' for an omitted choice (OpenAI's default when tools are given), else the choice."""
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else "a named function"
+
+
+class _Tally:
+    """What a stream has passed on so far; read by the response when it closes."""
+
+    __slots__ = ("last", "finished")
+
+    def __init__(self, first: ReplyPart) -> None:
+        self.last = first
+        self.finished = False
+
+
+def _choices(body: GenerationFields) -> int:
+    """The replies the engine makes for `body`: choices, times prompts for /v1/completions."""
+    if isinstance(body, CompletionRequest):
+        return max(body.choices, body.best_of or 1) * body.prompts
+    return body.choices
+
+
+def _reply_field(body: GenerationFields) -> str:
+    """The field that limits each reply's length, as vLLM reads it for this API."""
+    return "max_completion_tokens" if isinstance(body, ChatCompletionRequest) else "max_tokens"
+
+
+async def _events(
+    endpoint: ModelEndpoint,
+    stream: DeploymentResponseGenerator,
+    tally: _Tally,
+    record: RequestRecord,
+) -> AsyncIterator[bytes]:
+    error_status = None
+    try:
+        yield tally.last.data
+        async for part in stream:
+            tally.last = part
+            yield part.data
+    except Exception as exc:
+        error = endpoint.error(exc)
+        error_status = error.status
+        yield error_event(error.body()) + DONE_EVENT
+    tally.finished = True
+    record.stream_ended(tally.last.completion_tokens, error_status)

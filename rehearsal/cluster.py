@@ -1,0 +1,248 @@
+"""A Ray cluster of several nodes on one machine, started the way an operator starts one.
+
+Each node is a `ray start` of its own on 127.0.0.1 with its own ports. The nodes are the
+node types of cluster.yaml with the same GPU counts and custom resources (accelerator type,
+the ingress marker), so Ray's scheduler places replicas as it would on the GPU cluster, while
+vLLM itself runs on CPU. CPU counts are logical and small: the machine has few cores.
+
+Every node is started in a session of its own, so that everything it starts (raylet, workers,
+vLLM engine processes, HAProxy) can be found and stopped by that session id, without
+`ray stop`, which would stop every Ray on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app.serve_runtime import cluster_env
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_CONFIG = PROJECT_ROOT / "cluster.yaml"
+STATE_FILE = "cluster.json"
+# Logical CPUs each worker node advertises; replicas of the rehearsal ask for fractions.
+NODE_CPUS = 2
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """A node type of cluster.yaml, as `ray start` flags."""
+
+    name: str
+    num_gpus: int
+    resources: dict[str, float]
+
+    @classmethod
+    def from_cluster(cls, name: str, config: dict[str, Any]) -> NodeType:
+        resources = dict(config["resources"])
+        resources.pop("CPU", None)
+        return cls(name, int(resources.pop("GPU", 0)), resources)
+
+
+def worker_node_types(path: Path = CLUSTER_CONFIG) -> dict[str, NodeType]:
+    """Every worker node type of cluster.yaml, by name."""
+    config = yaml.safe_load(path.read_text())
+    return {
+        name: NodeType.from_cluster(name, node_type)
+        for name, node_type in config["available_node_types"].items()
+        if name != config["head_node_type"]
+    }
+
+
+@dataclass
+class Node:
+    """One running node: the session that holds its processes, and its HTTP proxy port."""
+
+    name: str
+    session: int
+    http_port: int
+
+
+@dataclass
+class LocalCluster:
+    """A head and worker nodes under `root` (short: HAProxy's socket path lives below it).
+
+    The state is kept in root/cluster.json, so that another process (`make cluster-down`)
+    can stop what one started.
+    """
+
+    root: Path
+    gcs_port: int = 0
+    dashboard_port: int = 0
+    http_port: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, env: dict[str, str], root: Path | None = None) -> LocalCluster:
+        """A cluster to start; `env` is what every node's Ray is started with (SERVICEAI_*)."""
+        if root is None:
+            root = Path(tempfile.mkdtemp(prefix="sai-c-", dir="/tmp"))
+        root.mkdir(parents=True, exist_ok=True)
+        # Ray's token authentication, as in production (cluster.yaml): one token for every
+        # node and client of this cluster, kept in its folder, not in ~/.ray.
+        from ray._private.authentication.authentication_token_generator import (
+            generate_new_authentication_token,
+        )
+
+        token = root / "auth_token"
+        token.write_text(generate_new_authentication_token())
+        token.chmod(0o600)
+        env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+        return cls(root=root, gcs_port=free_port(), dashboard_port=free_port(),
+                   http_port=free_port(), env=env)
+
+    @classmethod
+    def load(cls, root: Path) -> LocalCluster:
+        state = json.loads((root / STATE_FILE).read_text())
+        nodes = {name: Node(**node) for name, node in state.pop("nodes").items()}
+        return cls(root=root, nodes=nodes, **state)
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.gcs_port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        """What `serve deploy --address` and `serve status --address` take."""
+        return f"http://{HOST}:{self.dashboard_port}"
+
+    @property
+    def origin(self) -> str:
+        """The head node's HTTP proxy: where clients connect."""
+        return f"http://{HOST}:{self.http_port}"
+
+    @property
+    def ray_dir(self) -> Path:
+        return self.root / "ray"
+
+    def start_head(self) -> None:
+        """The control plane only, as in cluster.yaml (CPU 0): GCS, dashboard, Serve controller."""
+        self._start(
+            "head",
+            self.http_port,
+            ["--head", f"--port={self.gcs_port}", "--num-cpus=0", "--include-dashboard=true",
+             f"--dashboard-port={self.dashboard_port}", f"--dashboard-host={HOST}",
+             f"--ray-client-server-port={free_port()}", f"--temp-dir={self.ray_dir}"],
+        )
+
+    def add_node(self, node_type: NodeType, name: str | None = None) -> Node:
+        """Start a worker node of this type and join it to the head."""
+        name = name or node_type.name
+        flags = [f"--address={self.address}", f"--num-cpus={NODE_CPUS}",
+                 f"--num-gpus={node_type.num_gpus}"]
+        if node_type.resources:
+            flags.append(f"--resources={json.dumps(node_type.resources)}")
+        return self._start(name, free_port(), flags)
+
+    def kill_node(self, name: str) -> None:
+        """The node is lost: every process of its session gets SIGKILL, nothing shuts down."""
+        node = self.nodes.pop(name)
+        self._save()
+        _signal_session(node.session, signal.SIGKILL)
+        _wait_session_gone(node.session, timeout_s=30)
+
+    def stop(self) -> None:
+        """Stop every node, workers first (SIGTERM, then SIGKILL after a grace period)."""
+        for name in sorted(self.nodes, key=lambda n: n == "head"):
+            node = self.nodes[name]
+            _signal_session(node.session, signal.SIGTERM)
+            if not _wait_session_gone(node.session, timeout_s=15, check=False):
+                _signal_session(node.session, signal.SIGKILL)
+                _wait_session_gone(node.session, timeout_s=15)
+            del self.nodes[name]
+            self._save()
+
+    def _start(self, name: str, http_port: int, flags: list[str]) -> Node:
+        if name in self.nodes:
+            raise ValueError(f"node {name!r} already runs")
+        env = {**os.environ, **self.env, **self._node_env(http_port)}
+        command = [str(Path(sys.executable).with_name("ray")), "start", f"--node-ip-address={HOST}",
+                   f"--node-name={name}", f"--node-manager-port={free_port()}",
+                   f"--object-manager-port={free_port()}", f"--metrics-export-port={free_port()}",
+                   f"--dashboard-agent-listen-port={free_port()}",
+                   f"--dashboard-agent-grpc-port={free_port()}",
+                   f"--runtime-env-agent-port={free_port()}",
+                   "--object-store-memory=268435456", "--disable-usage-stats", *flags]
+        log = open(self.root / f"{name}.start.log", "ab")
+        # A session of its own: the node's processes share its id (see _signal_session).
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        node = Node(name, process.pid, http_port)
+        self.nodes[name] = node
+        self._save()
+        if process.wait(timeout=120) != 0:
+            raise RuntimeError(f"`ray start` of {name} failed; see {log.name}")
+        return node
+
+    def _node_env(self, http_port: int) -> dict[str, str]:
+        """Serve's runtime for this node: its own HAProxy ports (one machine). HAProxy's files
+        go under the head's folder (Serve takes it from the controller), one per node id."""
+        env = cluster_env(self.root / "h", stats_port=free_port(), metrics_port=free_port())
+        env["RAY_SERVE_WORKER_PROXY_HTTP_PORT"] = str(http_port)
+        env["RAY_SERVE_WORKER_PROXY_GRPC_PORT"] = str(free_port())
+        # Replicas import app/ and deployments/ from this checkout, as nodes of the cluster
+        # import the installed release.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        )
+        return env
+
+    def _save(self) -> None:
+        state = asdict(self)
+        state.pop("root")
+        (self.root / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+
+def session_processes(session: int) -> list[int]:
+    """The processes of one session, read from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp session ...; comm may hold spaces and parentheses.
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[3]) == session and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _signal_session(session: int, sig: signal.Signals) -> None:
+    for pid in session_processes(session):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_session_gone(session: int, timeout_s: float, check: bool = True) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while session_processes(session):
+        if time.monotonic() > deadline:
+            if check:
+                raise TimeoutError(f"processes of session {session} outlived SIGKILL")
+            return False
+        time.sleep(0.2)
+    return True

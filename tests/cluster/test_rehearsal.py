@@ -1,0 +1,238 @@
+"""The production path on a multi-node Ray cluster: `ray start` nodes, `serve deploy`, failures.
+
+The tests run in file order on one cluster (the `rehearsal` fixture): a type whose node joins
+late, placement, a cold start from zero, a rolling update under load, autoscaling, and last a
+lost worker node. Figures (seconds, stream counts) go to `rehearsal.figures`, printed at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from rehearsal.config import rehearsal_config
+from rehearsal.service import add_node
+from tests.cluster.conftest import LATE_NODE, Rehearsal, wait_for
+from tests.cluster.streams import Load, stream_chat
+from tests.conftest import error_of
+
+pytestmark = pytest.mark.cluster
+
+MODEL_TYPES = ("ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder")
+
+
+def type_args(name: str) -> dict[str, Any]:
+    """A model type's args as `serve deploy` sent them (production + the override)."""
+    config = rehearsal_config(http_port=0)
+    return next(a["args"] for a in config["applications"] if a["name"] == name)
+
+
+async def wait_for_async(probe: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """wait_for in a thread: the event loop keeps the streams of a Load flowing meanwhile."""
+    return await asyncio.to_thread(wait_for, probe, timeout_s, 1.0, what)
+
+
+def running(rehearsal: Rehearsal, deployment: str) -> int:
+    app = rehearsal.status()["applications"].get(deployment, {})
+    states = app.get("deployments", {}).get(deployment, {}).get("replica_states", {})
+    return states.get("RUNNING", 0)
+
+
+def test_a_type_deployed_before_its_node_joins_is_pending_then_serves(rehearsal):
+    # No node offers accelerator_type:H100 yet: Pro's replica cannot be placed.
+    status, body = rehearsal.ready()
+    assert status == 503, body
+    assert body["model_types"] == {"ServiceAi-Fast": "ready", "ServiceAi-Pro": "pending",
+                                   "ServiceAi-Coder": "ready"}
+    assert rehearsal.app_status("ServiceAi-Pro") == "DEPLOYING"
+    refused = rehearsal.chat("ServiceAi-Pro")
+    assert error_of(refused, 503)["code"] == "model_unavailable"
+    assert int(refused.headers["retry-after"]) > 0
+
+    joined = time.monotonic()
+    add_node(rehearsal.cluster, LATE_NODE)
+    wait_for(lambda: rehearsal.serves("ServiceAi-Pro"), timeout_s=300, interval_s=2,
+             what="ServiceAi-Pro to serve once its node joined")
+    rehearsal.figures["pro_serves_after_its_node_joined_s"] = round(time.monotonic() - joined, 1)
+    wait_for(lambda: rehearsal.ready()[0] == 200, timeout_s=30, what="/ready 200")
+    assert rehearsal.app_status("ServiceAi-Pro") == "RUNNING"
+
+
+def test_replicas_and_proxies_are_where_the_production_config_puts_them(rehearsal):
+    nodes = {n["node_id"]: n for n in rehearsal.ray_list("nodes", "state=ALIVE")}
+    by_name = {n["node_name"]: n for n in nodes.values()}
+    assert set(by_name) == {"head", "cpu_ingress", "gpu_l4", "gpu_l40s", "gpu_h100"}
+
+    # proxy_location: EveryNode: a proxy (HAProxy) on the head and on every node that runs a
+    # replica, each healthy; clients may connect to any of them.
+    replicas = [a for a in rehearsal.ray_list("actors", "state=ALIVE")
+                if a["class_name"].startswith("ServeReplica:")]
+    hosts = {by_name["head"]["node_id"]} | {r["node_id"] for r in replicas}
+    assert rehearsal.status()["proxies"] == {node_id: "HEALTHY" for node_id in hosts}
+
+    # The ingress only where its marker resource is (cluster.yaml's cpu_ingress nodes).
+    for replica in rehearsal.alive_replicas("Ingress"):
+        assert nodes[replica["node_id"]]["node_name"] == "cpu_ingress"
+
+    # Each single-GPU type on a node with a GPU and the accelerator type it asks for.
+    for name in ("ServiceAi-Fast", "ServiceAi-Coder"):
+        args = type_args(name)
+        for replica in rehearsal.alive_replicas(name):
+            resources = nodes[replica["node_id"]]["resources_total"]
+            assert resources["GPU"] >= args["num_gpus_per_shard"]
+            assert resources[f"accelerator_type:{args['accelerator_type']}"] > 0
+            assert replica["required_resources"]["GPU"] == args["num_gpus_per_shard"]
+
+    # The tensor-parallel type: one bundle per shard, all on one H100 node (STRICT_PACK).
+    pro = type_args("ServiceAi-Pro")
+    [replica] = rehearsal.alive_replicas("ServiceAi-Pro")
+    group = rehearsal.placement_group(replica["placement_group_id"])
+    assert group["state"] == "CREATED" and group["strategy"] == "STRICT_PACK"
+    assert len(group["bundles"]) == pro["tensor_parallel_size"] == 2
+    assert all(b["GPU"] == 1 and b["accelerator_type:H100"] > 0 for b in group["bundles"].values())
+    assert set(group["bundles_to_node_id"].values()) == {by_name["gpu_h100"]["node_id"]}
+    assert replica["node_id"] == by_name["gpu_h100"]["node_id"]
+    # Its engine runs both shards (vLLM CPU: as processes of the replica, see deployments/engine.py).
+    shards = [" ".join(p.cmdline()).strip() for p in psutil.Process(replica["pid"]).children(recursive=True)]
+    assert sorted(s for s in shards if s.startswith("VLLM::Worker_TP")) == ["VLLM::Worker_TP0",
+                                                                            "VLLM::Worker_TP1"]
+
+
+def test_min_replicas_0_type_serves_its_first_request_after_a_cold_start(rehearsal):
+    assert type_args("ServiceAi-Coder")["autoscaling_config"]["min_replicas"] == 0
+    assert rehearsal.alive_replicas("ServiceAi-Coder") == []
+    assert rehearsal.ready()[1]["model_types"]["ServiceAi-Coder"] == "ready"
+
+    started = time.monotonic()
+    response = rehearsal.chat("ServiceAi-Coder")
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    rehearsal.figures["coder_cold_start_first_request_s"] = round(time.monotonic() - started, 1)
+    assert len(rehearsal.alive_replicas("ServiceAi-Coder")) == 1
+
+
+def replica_ids(rehearsal: Rehearsal, deployment: str) -> set[str]:
+    return {a["actor_id"] for a in rehearsal.alive_replicas(deployment)}
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "finding, 2026-11-24: the ingress application is replaced too (its args carry every type's "
+    "entry) and some streams of every type end without [DONE]"))
+async def test_rolling_update_of_one_type_under_load(rehearsal):
+    """`serve deploy` of new engine args for Coder while every type streams."""
+    for name in MODEL_TYPES:  # Coder may have scaled to zero
+        wait_for(lambda: rehearsal.serves(name), timeout_s=300, interval_s=2, what=f"{name} serving")
+    before = {name: replica_ids(rehearsal, name) for name in (*MODEL_TYPES, "Ingress")}
+    coder = type_args("ServiceAi-Coder")
+    new_max_model_len = 256
+    # A prompt the old engine (2048 tokens) takes and the new one (256) refuses: it tells
+    # which replica answered.
+    probe = {"messages": [{"role": "user", "content": "hello world " * 150}], "max_tokens": 1}
+
+    # One stream at a time per type: two cores must also start the new engine meanwhile. Pro's
+    # two shards sync every step and crawl when other engines hold the cores: short replies.
+    clients = {name: 1 for name in MODEL_TYPES}
+    async with Load(rehearsal.origin, rehearsal.api_key, clients, {"ServiceAi-Pro": 8}) as load:
+        await wait_for_async(lambda: all(load.tally(m)["completed"] for m in MODEL_TYPES),
+                             timeout_s=180, what="streams to every type")
+        assert (await asyncio.to_thread(rehearsal.chat, "ServiceAi-Coder", **probe)).status_code == 200
+        deployed = time.monotonic()
+        await asyncio.to_thread(rehearsal.deploy, model_types={"ServiceAi-Coder": {
+            "engine_args": {**coder["engine_args"], "max_model_len": new_max_model_len}}})
+
+        def new_engine_answers() -> bool:
+            response = rehearsal.chat("ServiceAi-Coder", **probe)
+            assert response.status_code in (200, 400, 503), response.text
+            if response.status_code == 503:
+                assert int(response.headers["retry-after"]) > 0
+            return response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+
+        await wait_for_async(new_engine_answers, timeout_s=480, what="the new Coder engine")
+        rehearsal.figures["rolling_update_new_replica_served_s"] = round(time.monotonic() - deployed, 1)
+        await wait_for_async(lambda: rehearsal.app_status("ServiceAi-Coder") == "RUNNING"
+                             and not replica_ids(rehearsal, "ServiceAi-Coder") & before["ServiceAi-Coder"],
+                             timeout_s=120, what="the old Coder replica gone")
+        served_before = load.tally("ServiceAi-Coder")["completed"]
+        await wait_for_async(lambda: load.tally("ServiceAi-Coder")["completed"] >= served_before + 2,
+                             timeout_s=60, what="streams on the new Coder replica")
+
+    rehearsal.figures["rolling_update_ingress_replaced"] = not replica_ids(rehearsal, "Ingress") & before["Ingress"]
+    rehearsal.figures["rolling_update_streams"] = {m: dict(load.tally(m)) for m in MODEL_TYPES}
+    rehearsal.figures["rolling_update_statuses"] = {m: dict(load.statuses(m)) for m in MODEL_TYPES}
+    for name in ("ServiceAi-Fast", "ServiceAi-Pro"):
+        assert set(load.tally(name)) == {"completed"}, load.tally(name)
+        assert replica_ids(rehearsal, name) == before[name], f"{name} was restarted"
+    # The changed type: streams finish, or end with an error event and [DONE]; a refusal is
+    # a 503 with Retry-After; never a hang, a truncated stream or another 5xx.
+    assert load.tally("ServiceAi-Coder")["broken"] == 0, [
+        o for o in load.outcomes if o.kind == "broken"]
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "finding, 2026-11-24, 1 run of 2 (after the rolling update): Serve scaled 1 -> 2 -> 1 before "
+    "the new replica started, then the running replica crashed; not yet explained"))
+async def test_a_type_scales_up_under_concurrent_streams_and_back_down(rehearsal):
+    autoscaling = type_args("ServiceAi-Fast")["autoscaling_config"]
+    await wait_for_async(lambda: running(rehearsal, "ServiceAi-Fast") == autoscaling["min_replicas"],
+                         timeout_s=120, what="Fast at its minimum")
+    async with Load(rehearsal.origin, rehearsal.api_key, {"ServiceAi-Fast": 8}, default_tokens=200,
+                    pause_s=0) as load:
+        started = time.monotonic()
+        await wait_for_async(lambda: running(rehearsal, "ServiceAi-Fast") == autoscaling["max_replicas"],
+                             timeout_s=180, what="Fast scaled up")
+        rehearsal.figures["autoscale_up_s"] = round(time.monotonic() - started, 1)
+    stopped = time.monotonic()
+    await wait_for_async(lambda: running(rehearsal, "ServiceAi-Fast") == autoscaling["min_replicas"],
+                         timeout_s=180, what="Fast scaled down")
+    rehearsal.figures["autoscale_down_after_load_s"] = round(time.monotonic() - stopped, 1)
+    rehearsal.figures["autoscale_streams"] = dict(load.tally("ServiceAi-Fast"))
+    assert set(load.tally("ServiceAi-Fast")) == {"completed"}, load.tally("ServiceAi-Fast")
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "finding, 2026-11-24: streams end with an error event and [DONE] within 0.3 s, but a new "
+    "request right after the loss was held 120 s instead of answered 503 model_unavailable"))
+async def test_a_lost_worker_node_ends_its_streams_and_serves_again_once_back(rehearsal):
+    cluster = rehearsal.cluster
+    ingress = replica_ids(rehearsal, "Ingress")
+    async with httpx.AsyncClient(base_url=rehearsal.origin, headers=rehearsal.headers,
+                                 timeout=httpx.Timeout(120, connect=10)) as client:
+        flowing = [asyncio.Event() for _ in range(3)]
+        streams = [asyncio.create_task(stream_chat(client, "ServiceAi-Fast", 2000, event, ignore_eos=True))
+                   for event in flowing]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in flowing)), timeout=60)
+        lost = time.monotonic()
+        await asyncio.to_thread(cluster.kill_node, "gpu_l4")
+        outcomes = await asyncio.wait_for(asyncio.gather(*streams), timeout=120)
+
+    for outcome in outcomes:
+        assert (outcome.status, outcome.kind, outcome.done) == (200, "error_event", True), outcome
+        assert outcome.error_code == "model_unavailable"
+    rehearsal.figures["lost_node_streams_ended_within_s"] = round(
+        max(o.ended_at for o in outcomes) - lost, 1)
+
+    # New requests: 503 model_unavailable with Retry-After while no replica is left.
+    def refused() -> httpx.Response | None:
+        response = rehearsal.chat("ServiceAi-Fast")
+        assert response.status_code == 503, response.text
+        return response if response.json()["error"]["code"] == "model_unavailable" else None
+
+    response = wait_for(refused, timeout_s=60, what="503 model_unavailable")
+    assert int(response.headers["retry-after"]) > 0
+    assert rehearsal.ready()[1]["model_types"]["ServiceAi-Fast"] == "unavailable"
+    assert rehearsal.serves("ServiceAi-Coder") and rehearsal.serves("ServiceAi-Pro")
+
+    back = time.monotonic()
+    add_node(cluster, "gpu_l4")
+    wait_for(lambda: rehearsal.serves("ServiceAi-Fast"), timeout_s=300, interval_s=2,
+             what="Fast to serve once a worker is back")
+    rehearsal.figures["lost_node_serves_again_after_node_back_s"] = round(time.monotonic() - back, 1)
+    # Neither the head nor the ingress was touched.
+    assert replica_ids(rehearsal, "Ingress") == ingress
+    assert "head" in cluster.nodes and rehearsal.ready()[0] == 200

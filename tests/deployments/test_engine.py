@@ -1,0 +1,121 @@
+"""The adapter's own logic around vLLM's serving layer: token counting and event batching.
+
+The serving layer itself runs for real in tests/e2e; here a stand-in engine feeds known outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from vllm.sampling_params import RequestOutputKind
+
+from deployments.engine import CountingEngineClient, TokenCount, _counting, _EventReader
+
+
+def output(prompt: int, *choices: tuple[int, int]):
+    return SimpleNamespace(
+        prompt_token_ids=list(range(prompt)),
+        outputs=[SimpleNamespace(index=i, token_ids=list(range(n))) for i, n in choices],
+    )
+
+
+class StandInEngine:
+    def __init__(self, outputs):
+        self.outputs = outputs
+
+    async def generate(self, prompt, sampling_params, request_id, **kwargs):
+        for item in self.outputs:
+            yield item
+
+
+async def count(outputs, kind) -> TokenCount:
+    tokens = TokenCount()
+    _counting.set(tokens)
+    client = CountingEngineClient(StandInEngine(outputs))
+    async for _ in client.generate("p", SimpleNamespace(output_kind=kind), "r"):
+        pass
+    return tokens
+
+
+async def test_delta_outputs_are_summed_per_choice():
+    tokens = await count([output(7, (0, 1), (1, 1)), output(7, (0, 2), (1, 1))], RequestOutputKind.DELTA)
+    assert (tokens.prompt, tokens.completion) == (7, 5)
+
+
+async def test_cumulative_outputs_count_only_what_is_new():
+    tokens = await count([output(4, (0, 2)), output(4, (0, 5))], RequestOutputKind.CUMULATIVE)
+    assert (tokens.prompt, tokens.completion) == (4, 5)
+
+
+async def test_several_engine_requests_add_to_one_count():
+    tokens = TokenCount()
+    _counting.set(tokens)
+    client = CountingEngineClient(StandInEngine([output(3, (0, 2))]))
+    for request_id in ("a", "b"):
+        async for _ in client.generate("p", SimpleNamespace(output_kind=RequestOutputKind.DELTA), request_id):
+            pass
+    assert (tokens.prompt, tokens.completion) == (6, 4)
+
+
+async def test_events_that_arrive_together_are_taken_together():
+    arrived = asyncio.Event()
+
+    async def events():
+        yield "data: 1\n\n"
+        yield "data: 2\n\n"
+        arrived.set()
+        yield "data: 3\n\n"
+
+    reader = _EventReader(events())
+    await arrived.wait()
+    await asyncio.sleep(0)
+    batches = []
+    while batch := await reader.take():
+        batches.append(batch)
+    await reader.close()
+    assert sum(batches, []) == ["data: 1\n\n", "data: 2\n\n", "data: 3\n\n"]
+    assert len(batches) < 3
+
+
+async def test_a_failed_stream_event_becomes_the_envelope():
+    async def events():
+        yield 'data: {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}\n\n'
+        yield "data: [DONE]\n\n"
+
+    reader = _EventReader(events())
+    taken = []
+    while batch := await reader.take():
+        taken += batch
+    assert '"code": "model_unavailable"' in taken[0] and "boom" not in taken[0]
+    assert taken[-1] == "data: [DONE]\n\n"
+
+
+async def test_closing_the_reader_closes_the_serving_layers_generator():
+    closed = asyncio.Event()
+
+    async def endless():
+        try:
+            while True:
+                yield "data: x\n\n"
+                await asyncio.sleep(0.01)
+        finally:
+            closed.set()
+
+    reader = _EventReader(endless())
+    assert await reader.take()
+    await reader.close()
+    assert closed.is_set()
+
+
+async def test_a_stream_that_raises_ends_with_the_envelope_and_done():
+    async def events():
+        yield "data: 1\n\n"
+        raise RuntimeError("engine gone")
+
+    reader = _EventReader(events())
+    taken = []
+    while batch := await reader.take():
+        taken += batch
+    assert taken[0] == "data: 1\n\n"
+    assert '"model_unavailable"' in taken[-1] and taken[-1].endswith("data: [DONE]\n\n")

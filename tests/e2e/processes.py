@@ -1,0 +1,75 @@
+"""The processes behind a model type, as its own replica reports them, and bounded waits.
+
+Tests never find a replica's engine by its process title: vLLM sets "VLLM::EngineCore" only
+after the spawned child has imported vLLM, seconds after the process exists.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx
+import psutil
+
+from tests.conftest import Stack
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.2) -> T:
+    """The first truthy value of `predicate`, polled until `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+def serves(http: httpx.Client, model: str) -> bool:
+    response = http.post(
+        "/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
+    return response.status_code == 200
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@dataclass(frozen=True)
+class ReplicaProcesses:
+    replica: psutil.Process
+    engine_cores: list[psutil.Process]
+
+
+def serving_replica(
+    stack: Stack, http: httpx.Client, model_type: str, timeout_s: float = 180
+) -> ReplicaProcesses:
+    """The (single) replica of `model_type` once it answers a request and reports live engine
+    cores; waits through a replica that is still starting or being replaced."""
+
+    def ready() -> ReplicaProcesses | None:
+        if not serves(http, model_type):
+            return None
+        try:
+            replica_pid, core_pids = (
+                stack.handle(model_type).process_ids.remote().result(timeout_s=30)
+            )
+            processes = ReplicaProcesses(
+                psutil.Process(replica_pid), [psutil.Process(pid) for pid in core_pids]
+            )
+        except (psutil.NoSuchProcess, TimeoutError, RuntimeError):
+            return None
+        alive = processes.engine_cores and not any(gone(p.pid) for p in processes.engine_cores)
+        return processes if alive else None
+
+    return wait_until(ready, timeout_s, interval_s=1)
