@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import ApiError
@@ -279,10 +280,20 @@ class AuthenticateFirst:
                 caller = await self.verifier.verify(bearer_token(Request(scope)))
             except (ApiError, KeyStoreError) as exc:
                 error = store_error(exc) if isinstance(exc, KeyStoreError) else exc
+                _match_route(scope)  # the refusal is counted and logged under its route
                 await error.response()(scope, receive, send)
                 return
             scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)
+
+
+def _match_route(scope: Scope) -> None:
+    """Set the route the router would have picked (FastAPI's routes put it in `scope`)."""
+    for route in scope["app"].router.routes:
+        match, child_scope = route.matches(scope)
+        if match is Match.FULL:
+            scope.update(child_scope)
+            return
 
 
 def store_error(exc: KeyStoreError) -> ApiError:

@@ -8,7 +8,8 @@ charged with the engine's token counts that travel beside those bytes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from fastapi import Request, Response
 from ray.serve.handle import DeploymentResponseGenerator
@@ -23,6 +24,15 @@ from app.sse import DONE_EVENT, EventStream, error_event
 from deployments.generation import ModelInfo, ReplyPart
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+Settle = Callable[[int, int], None]
+"""Charges the engine's usage (prompt, completion tokens) to the caller's limits and meter."""
+
+
+class Counted(Protocol):
+    """A part of a reply from a replica: the engine's token counts for the request so far."""
+
+    prompt_tokens: int
+    completion_tokens: int
 
 
 async def relay(
@@ -72,21 +82,12 @@ async def relay(
 
     if body.stream:
         record.first_token(first.prompt_tokens)
-        tally = _Tally(first)
-
-        def closed() -> None:
-            """Runs when the response ends, however it ends (before its first event too)."""
-            if not tally.finished:
-                # The client went away: free the engine at once rather than generate for nobody.
-                stream.cancel()
-            # Whatever the engine produced counts, a stream the client cut off included.
-            done(tally.last.prompt_tokens, tally.last.completion_tokens)
-
+        tally = Tally(first)
         return EventStream(
             _events(endpoint, stream, tally, record),
             media_type="text/event-stream",
             headers={**SSE_HEADERS, **admission.headers},
-            on_close=closed,
+            on_close=tally.on_close(stream, done),
         )
     done(whole.prompt_tokens, whole.completion_tokens)
     record.completed(whole.prompt_tokens, whole.completion_tokens)
@@ -137,14 +138,32 @@ def _choice_name(choice: object) -> str:
     return choice if isinstance(choice, str) else "a named function"
 
 
-class _Tally:
-    """What a stream has passed on so far; read by the response when it closes."""
+class Tally:
+    """What a stream has passed on so far (its last part carries the engine's counts so far);
+    read when the response closes."""
 
     __slots__ = ("last", "finished")
 
-    def __init__(self, first: ReplyPart) -> None:
+    def __init__(self, first: Counted) -> None:
         self.last = first
         self.finished = False
+
+    def finish(self, record: RequestRecord, status: int) -> None:
+        """The stream is complete (200) or ended with an error event of `status`."""
+        self.finished = True
+        record.stream_ended(self.last.completion_tokens, None if status == 200 else status)
+
+    def on_close(self, stream: DeploymentResponseGenerator, settle: Settle) -> Callable[[], None]:
+        """What runs when the response ends, however it ends (before its first event too)."""
+
+        def closed() -> None:
+            if not self.finished:
+                # The client went away: free the engine at once rather than generate for nobody.
+                stream.cancel()
+            # Whatever the engine produced counts, a stream the client cut off included.
+            settle(self.last.prompt_tokens, self.last.completion_tokens)
+
+        return closed
 
 
 def _choices(body: GenerationFields) -> int:
@@ -162,18 +181,24 @@ def _reply_field(body: GenerationFields) -> str:
 async def _events(
     endpoint: ModelEndpoint,
     stream: DeploymentResponseGenerator,
-    tally: _Tally,
+    tally: Tally,
     record: RequestRecord,
 ) -> AsyncIterator[bytes]:
     error_status = None
     try:
-        yield tally.last.data
-        async for part in stream:
-            tally.last = part
+        part = tally.last
+        while True:
+            if part.ended is not None:
+                # Complete before its last events are written: the client may hang up on them.
+                tally.finish(record, part.ended)
             yield part.data
+            if tally.finished:
+                return
+            part = tally.last = await anext(stream)
+    except StopAsyncIteration:
+        pass  # ended without its end mark: complete all the same
     except Exception as exc:
         error = endpoint.error(exc)
         error_status = error.status
         yield error_event(error.body()) + DONE_EVENT
-    tally.finished = True
-    record.stream_ended(tally.last.completion_tokens, error_status)
+    tally.finish(record, error_status or 200)

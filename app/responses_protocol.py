@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import ApiError
+from app.protocol import Seed
 
 BUILT_IN_TOOLS = (
     "web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use",
@@ -92,7 +93,9 @@ class ResponseCreateRequest(BaseModel):
     previous_response_id: str | None = Field(None, max_length=64)
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
     user: str | None = None
-    # vLLM's extension, as in chat: generate up to max_output_tokens even past end-of-text.
+    # vLLM's extensions, as in chat: a seed for reproducible sampling, and generating up to
+    # max_output_tokens even past end-of-text.
+    seed: Seed | None = None
     ignore_eos: bool = False
 
     def check(self) -> None:

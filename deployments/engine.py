@@ -219,7 +219,8 @@ class VllmEngine:
         reader = _EventReader(result)
         try:
             while events := await reader.take():
-                yield ReplyPart("".join(events).encode(), count.prompt, count.completion)
+                data = "".join(events).encode()
+                yield ReplyPart(data, count.prompt, count.completion, reader.ended)
         finally:
             await reader.close()
 
@@ -316,19 +317,25 @@ class _EventReader:
         self._buffer: list[str] = []
         self._arrived = asyncio.Event()
         self._ended = False
+        self.ended: int | None = None
+        """Once the stream's last event is buffered: 200, or the status of its error event."""
         self._task = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
+        failed = False
         try:
             async for event in self._events:
                 if event.startswith(_STREAM_ERROR):
                     logger.error("Stream failed in the serving layer: %s", event[:500])
-                    event = _STREAM_FAILED
+                    event, failed = _STREAM_FAILED, True
                 self._buffer.append(event)
+                if event == _DONE_EVENT:
+                    self.ended = EngineUnavailable.status if failed else 200
                 self._arrived.set()
         except Exception as exc:  # the serving layer turns most failures into events itself
             logger.error("Stream failed: %r", exc)
-            self._buffer.append(_STREAM_FAILED + "data: [DONE]\n\n")
+            self._buffer.append(_STREAM_FAILED + _DONE_EVENT)
+            self.ended = EngineUnavailable.status
         finally:
             self._ended = True
             self._arrived.set()
@@ -352,6 +359,7 @@ class _EventReader:
             await self._events.aclose()
 
 
+_DONE_EVENT = "data: [DONE]\n\n"
 _STREAM_FAILED = (
     'data: {"error": {"message": "The model engine failed while generating. Retry shortly.", '
     '"type": "server_error", "param": null, "code": "model_unavailable"}}\n\n'

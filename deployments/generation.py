@@ -15,11 +15,15 @@ class ReplyPart(NamedTuple):
     """The whole JSON body of a reply, or the SSE events ready since the last part.
 
     The token counts are the engine's, for the whole request so far (all choices, all prompts).
+    `ended` is set on a stream's last part only: 200, or the status of the error event that
+    ended it. The ingress learns from it that the stream is complete before it writes the last
+    events (a client may hang up the moment it reads `data: [DONE]`, as OpenAI's does).
     """
 
     data: bytes
     prompt_tokens: int
     completion_tokens: int
+    ended: int | None = None
 
 
 class ModelInfo(NamedTuple):

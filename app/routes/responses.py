@@ -9,14 +9,13 @@ last event, so that any ingress replica can continue the conversation at once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from ray.serve.handle import DeploymentResponseGenerator
 
 from app.auth import Caller, authenticate
@@ -27,7 +26,9 @@ from app.keystore.responses import MAX_PAGE, ResponseStore
 from app.observability.request_record import RequestRecord, record_of
 from app.protocol import ErrorResponse
 from app.ratelimit import RateLimits
+from app.relay import SSE_HEADERS, Tally
 from app.responses_protocol import ResponseCreateRequest, new_response_id
+from app.sse import EventStream
 from deployments.responses_wire import ResponsePart
 
 logger = logging.getLogger("ray.serve.serviceai")
@@ -36,8 +37,6 @@ router = APIRouter(
     tags=["responses"],
     responses={status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 503)},
 )
-
-Settle = Callable[[int, int], None]
 
 
 @router.post(
@@ -108,10 +107,12 @@ async def create_response(
 
     if body.stream:
         record.first_token(first.prompt_tokens)
-        return StreamingResponse(
-            _relay(first, stream, endpoint, keep, done, record),
+        tally = Tally(first)
+        return EventStream(
+            _relay(stream, endpoint, keep, tally, record),
             media_type="text/event-stream",
-            headers={**admission.headers, "Cache-Control": "no-cache"},
+            headers={**SSE_HEADERS, **admission.headers},
+            on_close=tally.on_close(stream, done),
         )
 
     if first.final is None:
@@ -186,17 +187,14 @@ async def _first_part(endpoint: ModelEndpoint, stream: DeploymentResponseGenerat
 
 
 async def _relay(
-    first: ResponsePart,
     stream: DeploymentResponseGenerator,
     endpoint: ModelEndpoint,
     keep: Callable[[dict[str, Any]], Any],
-    done: Settle,
+    tally: Tally,
     record: RequestRecord,
 ) -> AsyncIterator[bytes]:
     """The replica's events as they are; the terminal one after the response is stored."""
-    part = first
-    finished = False
-    error_status = None
+    part: ResponsePart = tally.last
     try:
         while True:
             if part.events:
@@ -204,24 +202,16 @@ async def _relay(
             if part.final is not None:
                 event = orjson.loads(part.final)
                 await keep(event["response"])
+                # Complete before the last event is written: the client may hang up on it.
+                tally.finish(record, 200)
                 yield b"event: %s\ndata: %s\n\n" % (event["type"].encode(), orjson.dumps(event))
-                break
+                return
             try:
-                part = await stream.__anext__()
+                part = tally.last = await anext(stream)
             except StopAsyncIteration:
                 raise EOFError("the stream ended without its last event") from None
-        finished = True
-    except asyncio.CancelledError:
-        raise
     except Exception as exc:
-        finished = True
         error = endpoint.error(exc)
-        error_status = error.status
+        tally.finish(record, error.status)
         payload = {"type": "error", **error_body(error.message, error.type, error.param, error.code)}
         yield b"event: error\ndata: %s\n\n" % orjson.dumps(payload)
-    finally:
-        if finished:
-            record.stream_ended(part.completion_tokens, error_status)
-        else:
-            stream.cancel()  # the client went away: free the engine at once
-        done(part.prompt_tokens, part.completion_tokens)

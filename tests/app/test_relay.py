@@ -6,8 +6,10 @@ import pytest
 
 from app.errors import ApiError
 from app.protocol import ChatCompletionRequest, CompletionRequest
-from app.relay import check_against_model
-from deployments.generation import ModelInfo
+from app.observability.metrics import InFlight
+from app.observability.request_record import CLIENT_CLOSED, RequestRecord
+from app.relay import Tally, _events, check_against_model
+from deployments.generation import ModelInfo, ReplyPart
 from tests.app.test_ratelimit import FAST, PRO, caller, limits  # noqa: F401 (fixture)
 
 HI = [{"role": "user", "content": "hi"}]
@@ -61,3 +63,50 @@ async def test_a_reply_larger_than_the_whole_plan_is_429_without_retry(limits): 
     assert info.value.headers == {"x-should-retry": "false"}
     limits.check_fits(caller(), PRO, tokens_per_minute)
     limits.check_fits(caller(), FAST, None)
+
+
+class _Parts:
+    """The replica's stream as the handle yields it (`cancel` is what the relay may call)."""
+
+    def __init__(self, *parts: ReplyPart) -> None:
+        self._parts = iter(parts)
+        self.cancelled = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> ReplyPart:
+        try:
+            return next(self._parts)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@pytest.mark.parametrize(("ended", "status"), [(200, 200), (503, 503)])
+async def test_a_stream_is_complete_once_its_last_part_is_written(ended, status):
+    # OpenAI's client hangs up as soon as it reads `data: [DONE]`: the relay must not need to
+    # be resumed after writing the last events to count the stream as complete.
+    first = ReplyPart(b"data: {}\n\n", 7, 1)
+    last = ReplyPart(b"data: {}\n\ndata: [DONE]\n\n", 7, 3, ended)
+    stream, record = _Parts(last), RequestRecord("r", 0.0, InFlight())
+    record.sent_to(FAST, stream=True)
+    tally = Tally(first)
+    events = _events(None, stream, tally, record)
+    assert [await anext(events), await anext(events)] == [first.data, last.data]
+    await events.aclose()  # the client left: the generator is never resumed
+    assert tally.finished and (record.status(200), record.completion_tokens) == (status, 3)
+
+
+async def test_a_stream_cut_before_its_end_is_a_client_closed_request():
+    first = ReplyPart(b"data: {}\n\n", 7, 1)
+    stream, record = _Parts(ReplyPart(b"data: {}\n\n", 7, 2)), RequestRecord("r", 0.0, InFlight())
+    record.sent_to(FAST, stream=True)
+    tally = Tally(first)
+    events = _events(None, stream, tally, record)
+    await anext(events)
+    await anext(events)
+    await events.aclose()
+    assert not tally.finished and record.status(200) == CLIENT_CLOSED

@@ -89,6 +89,7 @@ async def test_a_failed_stream_event_becomes_the_envelope():
         taken += batch
     assert '"code": "model_unavailable"' in taken[0] and "boom" not in taken[0]
     assert taken[-1] == "data: [DONE]\n\n"
+    assert reader.ended == 503
 
 
 async def test_closing_the_reader_closes_the_serving_layers_generator():
@@ -119,3 +120,19 @@ async def test_a_stream_that_raises_ends_with_the_envelope_and_done():
         taken += batch
     assert taken[0] == "data: 1\n\n"
     assert '"model_unavailable"' in taken[-1] and taken[-1].endswith("data: [DONE]\n\n")
+    assert reader.ended == 503
+
+
+async def test_the_batch_with_the_last_event_is_marked_as_the_end():
+    async def events():
+        yield "data: 1\n\n"
+        await asyncio.sleep(0)
+        yield "data: 2\n\n"
+        yield "data: [DONE]\n\n"
+
+    reader = _EventReader(events())
+    marks = []
+    while batch := await reader.take():
+        marks.append((batch[-1], reader.ended))
+    assert marks[0] == ("data: 1\n\n", None)
+    assert marks[-1] == ("data: [DONE]\n\n", 200)

@@ -117,6 +117,19 @@ async def test_one_access_line_per_request_with_the_key_id_never_the_key(
     assert not any(issued.key in str(r.__dict__) for r in lines)
 
 
+async def test_a_stranger_refused_before_routing_is_logged_under_its_route(
+    client: httpx.AsyncClient, access_lines
+):
+    # AuthenticateFirst answers 401 before the router runs; the line still names the route.
+    body = {"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "hi"}]}
+    for path in ("/v1/chat/completions", "/v1/responses", "/v1/no/such/route"):
+        response = await client.post(path, json=body, headers=bearer("sk-unknown"))
+        assert response.status_code == 401
+    assert [(r.path, r.status) for r in access_lines()] == [
+        ("/v1/chat/completions", 401), ("/v1/responses", 401), ("unmatched", 401),
+    ]
+
+
 async def test_an_unknown_path_is_logged_without_its_path(client: httpx.AsyncClient, access_lines):
     await client.get("/v1/no/such/thing/a1b2c3")
     [line] = access_lines()
