@@ -58,7 +58,7 @@ def run(
     port = port or http.get("port", 8000)
     # HAProxy's files and ports of this cluster, apart from any other on this machine.
     runtime_dir = Path(tempfile.gettempdir()) / f"sai-h-{port}"
-    runtime = cluster_env(runtime_dir, stats_port=_free_port(), metrics_port=_free_port())
+    runtime = cluster_env(runtime_dir, _free_port)
     try:
         with claim_runtime_dir(runtime_dir, port):
             clear_port(runtime_dir, host, port, typer.echo)

@@ -7,6 +7,7 @@ benchmark, and `ray start` in cluster.yaml. Measured effect: bench/NOTES.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 SERVE_ENV: dict[str, str] = {
@@ -32,15 +33,25 @@ SERVE_ENV: dict[str, str] = {
 
 
 MAX_STATE_DIR_CHARS = 28
+PER_MACHINE_PORTS = (
+    "RAY_SERVE_HAPROXY_STATS_PORT",
+    "RAY_SERVE_HAPROXY_METRICS_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+)
 
 
-def cluster_env(
-    state_dir: Path, stats_port: int | None = None, metrics_port: int | None = None
-) -> dict[str, str]:
+def cluster_env(state_dir: Path, free_port: Callable[[], int] | None = None) -> dict[str, str]:
     """SERVE_ENV for one Ray cluster whose HAProxy keeps its files in `state_dir`.
 
-    HAProxy's files default to /tmp/haproxy-serve and its stats and metrics ports to 8404
-    and 9101: two clusters on one machine (a test session beside `make run`) need their own.
+    HAProxy's files default to /tmp/haproxy-serve, and Serve fixes four ports per machine:
+    HAProxy's stats and metrics (8404, 9101) and the fallback proxy that HAProxy sends requests
+    to while no ingress replica is up (8500, gRPC 9500). Two clusters on one machine (a test
+    session beside `make run`) need their own: with `free_port`, each of those is a port it
+    returns. The fallback proxy binds with SO_REUSEPORT, so a second cluster on 8500 does not
+    fail: the kernel shares out the connections, and one cluster's clients reach the other's
+    service (the keys of another key store, 401).
+
     Ray puts a 56-character folder under `state_dir` and HAProxy caps its socket path at 97
     characters, so `state_dir` must be short.
     """
@@ -56,8 +67,6 @@ def cluster_env(
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(state_dir),
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(state_dir / "server-state"),
     }
-    if stats_port is not None:
-        env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(stats_port)
-    if metrics_port is not None:
-        env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(metrics_port)
+    if free_port is not None:
+        env |= {name: str(free_port()) for name in PER_MACHINE_PORTS}
     return env

@@ -143,7 +143,7 @@ def serviceai(port: int, log_dir: Path, extra_env: dict[str, str]) -> Iterator[S
     # Every request still passes the rate-limit check (its cost is measured), never refused.
     app["args"]["plans"] = {"free": {BENCH_TYPE: BENCH_LIMITS}}
     ray_tmp = Path(tempfile.mkdtemp(prefix="saib-", dir="/tmp"))
-    runtime = cluster_env(ray_tmp / "h", stats_port=free_port(), metrics_port=free_port())
+    runtime = cluster_env(ray_tmp / "h", free_port)
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **runtime, **extra_env}
     api_key = _provision_key(env, ray_tmp)
     server = Server("ServiceAi", f"http://127.0.0.1:{port}", api_key, BENCH_TYPE, ray_tmp)
@@ -174,7 +174,7 @@ def ray_serve_llm(model_dir: Path, port: int, log_dir: Path, direct: bool) -> It
     ray_tmp = Path(tempfile.mkdtemp(prefix="sairl-", dir="/tmp"))
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "RAY_worker_niceness": "0"}
     if direct:
-        env |= cluster_env(ray_tmp / "h", stats_port=free_port(), metrics_port=free_port())
+        env |= cluster_env(ray_tmp / "h", free_port)
         env.pop("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH")  # ours, not Ray's
         env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
     name = "Ray Serve LLM direct" if direct else "Ray Serve LLM"

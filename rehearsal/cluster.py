@@ -196,7 +196,7 @@ class LocalCluster:
     def _node_env(self, http_port: int) -> dict[str, str]:
         """Serve's runtime for this node: its own HAProxy ports (one machine). HAProxy's files
         go under the head's folder (Serve takes it from the controller), one per node id."""
-        env = cluster_env(self.root / "h", stats_port=free_port(), metrics_port=free_port())
+        env = cluster_env(self.root / "h", free_port)
         env["RAY_SERVE_WORKER_PROXY_HTTP_PORT"] = str(http_port)
         env["RAY_SERVE_WORKER_PROXY_GRPC_PORT"] = str(free_port())
         # Replicas import app/ and deployments/ from this checkout, as nodes of the cluster

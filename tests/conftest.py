@@ -187,7 +187,7 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     os.environ["SERVICEAI_USAGE_FLUSH_S"] = str(STACK_USAGE_FLUSH_S)
     os.environ["HF_HUB_OFFLINE"] = "1"  # no hub on these machines: fail fast, never hang
     # The same Ray Serve runtime as `make run` and production, with this session's own HAProxy.
-    runtime = cluster_env(ray_dir / "h", stats_port=free_port(), metrics_port=free_port())
+    runtime = cluster_env(ray_dir / "h", free_port)
     # Throughput-optimized Serve buffers 1000 request-path log lines before writing them; the
     # tests that read the logs need each line on disk when the request is done.
     runtime["RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE"] = "1"

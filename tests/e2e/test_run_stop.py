@@ -174,7 +174,10 @@ def _alive(process: Process) -> bool:
 
 
 @pytest.fixture
-def start(tmp_path, port, runtime_dir, stack_lock):
+def start(tmp_path, port, runtime_dir, stack):
+    """Starts `serviceai run` beside the session's stack: a second Ray cluster on the machine,
+    as `make run` beside a test session. Each start must answer with its own service (its own
+    key store): Serve's fixed per-machine ports once sent one cluster's requests to the other."""
     started: list[Service] = []
 
     def run(config: Path, background_job: bool) -> Service:
