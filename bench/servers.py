@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -53,12 +54,15 @@ def bench_model_type() -> dict[str, Any]:
 
 
 def engine_cli_args(engine_args: dict[str, Any]) -> list[str]:
-    """AsyncEngineArgs as `vllm serve` flags: {"max_model_len": 2048} -> ["--max-model-len", "2048"]."""
+    """AsyncEngineArgs as `vllm serve` flags: {"max_model_len": 2048} -> ["--max-model-len", "2048"];
+    a nested config (structured_outputs_config) as the JSON vLLM's parser reads."""
     args: list[str] = []
     for key, value in engine_args.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             args.append(flag)
+        elif isinstance(value, dict):
+            args += [flag, json.dumps(value)]
         elif value is not False:
             args += [flag, str(value)]
     return args

@@ -49,3 +49,17 @@ def test_the_kept_ray_llm_run_renders_with_every_row():
     table = report.ray_llm_table(kept)
     rows = [line for line in table.splitlines() if line.startswith("| ") and "server" not in line]
     assert len(rows) == 3 * 3  # three concurrencies x three servers
+
+
+def test_engine_args_become_the_flags_vllm_serve_parses():
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from bench.servers import engine_cli_args
+
+    config = {"max_model_len": 2048, "enable_prefix_caching": True, "enforce_eager": False,
+              "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    parsed = parser.parse_args(["--model", "m", *engine_cli_args(config)])
+    assert parsed.max_model_len == 2048 and parsed.enable_prefix_caching
+    assert parsed.structured_outputs_config.disable_any_whitespace
