@@ -8,7 +8,8 @@ charged with the engine's token counts that travel beside those bytes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 from fastapi import Request, Response
@@ -19,7 +20,7 @@ from app.dispatch import ModelEndpoint, ModelRouter
 from app.errors import ApiError
 from app.observability.request_record import RequestRecord, record_of
 from app.protocol import ChatCompletionRequest, CompletionRequest, GenerationFields
-from app.ratelimit import RateLimits
+from app.ratelimit import Admission, RateLimits
 from app.sse import DONE_EVENT, EventStream, error_event
 from deployments.generation import ModelInfo, ReplyPart
 
@@ -69,29 +70,49 @@ async def relay(
     longest = admission.reply_length(model.max_model_len)
     if body.reply_limit is None and longest is not None:
         payload[_reply_field(body)] = longest
-    try:
+    with charged_on_failure(admission):
         if body.stream:
             first, stream = await endpoint.open_stream(api, payload)
         else:
             whole = await endpoint.reply(api, payload)
-    except BaseException as error:
-        admission.settle_failed(error)  # what the engine processed before it failed, if anything
-        if isinstance(error, ApiError):
-            error.headers.update(admission.headers)
-        raise
 
     if body.stream:
         record.first_token(first.prompt_tokens)
         tally = Tally(first)
-        return EventStream(
-            _events(endpoint, stream, tally, record),
-            media_type="text/event-stream",
-            headers={**SSE_HEADERS, **admission.headers},
-            on_close=tally.on_close(stream, done),
-        )
+        events = _events(endpoint, stream, tally, record)
+        return event_stream(events, tally, stream, admission, done)
     done(whole.prompt_tokens, whole.completion_tokens)
     record.completed(whole.prompt_tokens, whole.completion_tokens)
     return Response(whole.data, media_type="application/json", headers=admission.headers)
+
+
+@contextmanager
+def charged_on_failure(admission: Admission) -> Iterator[None]:
+    """A dispatch that fails is charged what the engine processed before it failed, if
+    anything; its error carries the plan's rate-limit headers."""
+    try:
+        yield
+    except BaseException as error:
+        admission.settle_failed(error)
+        if isinstance(error, ApiError):
+            error.headers.update(admission.headers)
+        raise
+
+
+def event_stream(
+    events: AsyncIterator[bytes],
+    tally: Tally,
+    stream: DeploymentResponseGenerator,
+    admission: Admission,
+    settle: Settle,
+) -> EventStream:
+    """The SSE response relaying `events`; charged (and the engine freed) when it closes."""
+    return EventStream(
+        events,
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, **admission.headers},
+        on_close=tally.on_close(stream, settle),
+    )
 
 
 def check_against_model(body: GenerationFields, model: ModelInfo) -> None:

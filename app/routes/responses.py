@@ -26,9 +26,8 @@ from app.keystore.responses import MAX_PAGE, ResponseStore
 from app.observability.request_record import RequestRecord, record_of
 from app.protocol import ErrorResponse
 from app.ratelimit import RateLimits
-from app.relay import SSE_HEADERS, Tally
+from app.relay import Tally, charged_on_failure, event_stream
 from app.responses_protocol import ResponseCreateRequest, new_response_id
-from app.sse import EventStream
 from deployments.responses_wire import ResponsePart
 
 logger = logging.getLogger("ray.serve.serviceai")
@@ -97,23 +96,14 @@ async def create_response(
     stream = endpoint.handle.options(
         stream=True, request_serialization="pickle", response_serialization="pickle"
     ).responses.remote(replica_body, echo)
-    try:
+    with charged_on_failure(admission):
         first = await _first_part(endpoint, stream)
-    except BaseException as error:
-        admission.settle_failed(error)  # what the engine processed before it failed, if anything
-        if isinstance(error, ApiError):
-            error.headers.update(admission.headers)
-        raise
 
     if body.stream:
         record.first_token(first.prompt_tokens)
         tally = Tally(first)
-        return EventStream(
-            _relay(stream, endpoint, keep, tally, record),
-            media_type="text/event-stream",
-            headers={**SSE_HEADERS, **admission.headers},
-            on_close=tally.on_close(stream, done),
-        )
+        events = _relay(stream, endpoint, keep, tally, record)
+        return event_stream(events, tally, stream, admission, done)
 
     if first.final is None:
         stream.cancel()
