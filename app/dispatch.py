@@ -19,6 +19,7 @@ from ray.serve.exceptions import (
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from app.errors import ApiError
+from app.feeds import INGRESS_ID, FeedLost, Feeds, StreamParts
 from deployments.generation import GenerationError, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")
@@ -30,23 +31,30 @@ RETRY_AFTER_OVERLOADED_S = 1
 class ModelEndpoint:
     """The handle of one model type, with the failures of a call turned into `ApiError`s."""
 
-    def __init__(self, name: str, handle: DeploymentHandle) -> None:
+    def __init__(self, name: str, handle: DeploymentHandle, feed_min_streams: int = 0) -> None:
         self.name = name
         self.handle = handle
         # Our requests and chunks are plain dataclasses and tuples: C pickle instead of Serve's
         # default cloudpickle (a Python-level pickler, paid on every streamed chunk).
         self._whole = handle.options(request_serialization="pickle", response_serialization="pickle")
         self._streaming = self._whole.options(stream=True)
+        self._feeds = Feeds(self._streaming, feed_min_streams)
         self._info: ModelInfo | None = None
 
     async def open_stream(
         self, api: str, body: dict
-    ) -> tuple[ReplyPart, DeploymentResponseGenerator]:
+    ) -> tuple[ReplyPart, DeploymentResponseGenerator | StreamParts]:
         """Start a stream and wait for its first part, so that a refusal is still an HTTP status.
 
-        `api` is the model server's method: "chat" or "completion".
+        `api` is the model server's method: "chat" or "completion". The rest of the stream
+        comes on its own call, or on this ingress's feed from the replica (app.feeds).
         """
-        response = self._streaming.stream.remote(api, body)
+        feeds = self._feeds
+        if feeds.enabled():
+            key = feeds.next_key()
+            response = self._streaming.stream.remote(api, body, INGRESS_ID, key)
+        else:
+            response = self._streaming.stream.remote(api, body)
         try:
             first = await response.__anext__()
         except StopAsyncIteration:
@@ -56,6 +64,8 @@ class ModelEndpoint:
             if isinstance(exc, Exception):
                 raise self.error(exc) from None
             raise
+        if feeds.enabled():
+            return first, feeds.opened(key, response, first)
         return first, response
 
     async def reply(self, api: str, body: dict) -> ReplyPart:
@@ -105,7 +115,10 @@ class ModelEndpoint:
                 code="model_overloaded",
                 headers={"Retry-After": str(RETRY_AFTER_OVERLOADED_S)},
             )
-        if isinstance(cause, (RayActorError, DeploymentUnavailableError, ReplicaUnavailableError)):
+        if isinstance(
+            cause,
+            (RayActorError, DeploymentUnavailableError, ReplicaUnavailableError, FeedLost),
+        ):
             return unavailable(self.name)
         logger.error("Call to %s failed: %r", self.name, cause)
         return ApiError(
@@ -154,9 +167,12 @@ class ModelRouter:
         handles: Mapping[str, DeploymentHandle],
         created: int,
         scale_to_zero: frozenset[str] = frozenset(),
+        feed_min_streams: int = 0,
     ) -> None:
         self.created = created
-        self._endpoints = {name: ModelEndpoint(name, h) for name, h in handles.items()}
+        self._endpoints = {
+            name: ModelEndpoint(name, h, feed_min_streams) for name, h in handles.items()
+        }
         self._scale_to_zero = scale_to_zero
         self._has_served: set[str] = set()
 

@@ -42,7 +42,10 @@ class Ingress:
                 for m in config.model_types
             }
         self._router = ModelRouter(
-            models, created=int(time.time()), scale_to_zero=config.scale_to_zero_types()
+            models,
+            created=int(time.time()),
+            scale_to_zero=config.scale_to_zero_types(),
+            feed_min_streams=settings.stream_feed_min_streams,
         )
         store = await open_store(settings)
         self._keys = KeyVerifier(

@@ -18,6 +18,7 @@ from ray.serve.handle import DeploymentResponseGenerator
 from app.auth import Caller
 from app.dispatch import ModelEndpoint, ModelRouter
 from app.errors import ApiError
+from app.feeds import StreamParts
 from app.observability.request_record import RequestRecord, record_of
 from app.protocol import ChatCompletionRequest, CompletionRequest, GenerationFields
 from app.ratelimit import Admission, RateLimits
@@ -25,6 +26,8 @@ from app.sse import DONE_EVENT, EventStream, error_event
 from deployments.generation import ModelInfo, ReplyPart
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+PartStream = DeploymentResponseGenerator | StreamParts
+"""A stream's parts after its first: from its own call, or from a feed (app.feeds)."""
 Settle = Callable[[int, int], None]
 """Charges the engine's usage (prompt, completion tokens) to the caller's limits and meter."""
 
@@ -102,7 +105,7 @@ def charged_on_failure(admission: Admission) -> Iterator[None]:
 def event_stream(
     events: AsyncIterator[bytes],
     tally: Tally,
-    stream: DeploymentResponseGenerator,
+    stream: PartStream,
     admission: Admission,
     settle: Settle,
 ) -> EventStream:
@@ -174,7 +177,7 @@ class Tally:
         self.finished = True
         record.stream_ended(self.last.completion_tokens, None if status == 200 else status)
 
-    def on_close(self, stream: DeploymentResponseGenerator, settle: Settle) -> Callable[[], None]:
+    def on_close(self, stream: PartStream, settle: Settle) -> Callable[[], None]:
         """What runs when the response ends, however it ends (before its first event too)."""
 
         def closed() -> None:
@@ -201,7 +204,7 @@ def _reply_field(body: GenerationFields) -> str:
 
 async def _events(
     endpoint: ModelEndpoint,
-    stream: DeploymentResponseGenerator,
+    stream: PartStream,
     tally: Tally,
     record: RequestRecord,
 ) -> AsyncIterator[bytes]:

@@ -102,6 +102,13 @@ class Settings(BaseSettings):
         description="How long a request body may take to arrive once the service reads it; a "
         "slower one is refused with 408.",
     )
+    stream_feed_min_streams: int = Field(
+        4,
+        ge=0,
+        description="Streams an ingress replica runs on one model replica before it opens a feed "
+        "there: one message per engine step for all of them instead of one per stream "
+        "(bench/NOTES.md). 0: every stream on its own call.",
+    )
     api_docs: bool = Field(
         True,
         description="Serve /docs, /redoc and /openapi.json. Production turns them off.",

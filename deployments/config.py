@@ -12,6 +12,8 @@ from deployments.catalog import LOGICAL_MODEL_TYPES
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = "tiny"
+FEED_ROUTER = "deployments.feeds:FeedRouter"
+"""Serve's default routing, plus stream feeds pinned to their replica (deployments.feeds)."""
 """The `model` value (also the default) that means: serve the generated tiny test model."""
 
 
@@ -178,6 +180,8 @@ class ModelTypeConfig(BaseModel):
 
     def serve_options(self) -> dict[str, Any]:
         """Keyword arguments for `Deployment.options()` of this model type's deployment."""
+        from ray.serve.config import RequestRouterConfig
+
         actor_options: dict[str, Any] = {"num_cpus": self.num_cpus}
         if self.env_vars:
             actor_options["runtime_env"] = {"env_vars": dict(self.env_vars)}
@@ -190,6 +194,7 @@ class ModelTypeConfig(BaseModel):
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
             "max_surge_percent": self.max_surge_percent,
             "ray_actor_options": actor_options,
+            "request_router_config": RequestRouterConfig(request_router_class=FEED_ROUTER),
         }
         if self.autoscaling_config is not None:
             options["autoscaling_config"] = dict(self.autoscaling_config)

@@ -177,9 +177,12 @@ class VllmEngine:
         state.server = argparse.Namespace(should_exit=False)
         return cls(engine, state, tool_call_parser, reasoning_parser)
 
-    async def serve(self, api: str, body: dict[str, Any]) -> AsyncIterator[ReplyPart]:
+    async def serve(
+        self, api: str, body: dict[str, Any], *, batched: bool = True
+    ) -> AsyncIterator[ReplyPart]:
         """A request of `api` ("chat" or "completion"): one part with the whole JSON body,
-        or (with `stream`) batches of SSE events."""
+        or (with `stream`) batches of SSE events; one event per part unless `batched` (a
+        feed batches across requests instead)."""
         if api == "chat":
             request = _parse(ChatCompletionRequest, body)
             create, prompt_param = self._chat.create_chat_completion, "messages"
@@ -189,7 +192,7 @@ class VllmEngine:
         else:
             raise ValueError(f"unknown api {api!r}")
         schema_param = "response_format" if body.get("response_format") else "tools"
-        async for part in self._reply(create, request, (prompt_param, schema_param)):
+        async for part in self._reply(create, request, (prompt_param, schema_param), batched):
             yield part
 
     def info(self, name: str) -> ModelInfo:
@@ -200,6 +203,7 @@ class VllmEngine:
         create: Callable[[Any], Awaitable[Any]],
         request: Any,
         params: tuple[str, str],
+        batched: bool,
     ) -> AsyncIterator[ReplyPart]:
         count = TokenCount()
         _counting.set(count)
@@ -215,6 +219,14 @@ class VllmEngine:
             raise _charged(_refusal(result, *params), count)
         if not isinstance(result, AsyncIterator):
             yield ReplyPart(result.model_dump_json().encode(), count.prompt, count.completion)
+            return
+        if not batched:
+            events = _marked(result)
+            try:
+                async for event, ended in events:
+                    yield ReplyPart(event.encode(), count.prompt, count.completion, ended)
+            finally:  # closing vLLM's generator aborts the engine request
+                await events.aclose()
             return
         reader = _EventReader(result)
         try:
@@ -305,6 +317,24 @@ def _refusal(response: ErrorResponse, prompt_param: str, schema_param: str) -> G
     return error
 
 
+async def _marked(events: AsyncIterator[str]) -> AsyncIterator[tuple[str, int | None]]:
+    """The serving layer's SSE events, its error events replaced by ours (which hide the
+    engine's message), each with the status the stream ended with on its last."""
+    failed = False
+    try:
+        async for event in events:
+            if event.startswith(_STREAM_ERROR):
+                logger.error("Stream failed in the serving layer: %s", event[:500])
+                event, failed = _STREAM_FAILED, True
+            ended = (EngineUnavailable.status if failed else 200) if event == _DONE_EVENT else None
+            yield event, ended
+    except Exception as exc:  # the serving layer turns most failures into events itself
+        logger.error("Stream failed: %r", exc)
+        yield _STREAM_FAILED + _DONE_EVENT, EngineUnavailable.status
+    finally:
+        await events.aclose()
+
+
 class _EventReader:
     """Drains the serving layer's SSE strings from its own task; `take` returns all that arrived.
 
@@ -322,20 +352,12 @@ class _EventReader:
         self._task = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
-        failed = False
         try:
-            async for event in self._events:
-                if event.startswith(_STREAM_ERROR):
-                    logger.error("Stream failed in the serving layer: %s", event[:500])
-                    event, failed = _STREAM_FAILED, True
+            async for event, ended in _marked(self._events):
                 self._buffer.append(event)
-                if event == _DONE_EVENT:
-                    self.ended = EngineUnavailable.status if failed else 200
+                if ended is not None:
+                    self.ended = ended
                 self._arrived.set()
-        except Exception as exc:  # the serving layer turns most failures into events itself
-            logger.error("Stream failed: %r", exc)
-            self._buffer.append(_STREAM_FAILED + _DONE_EVENT)
-            self.ended = EngineUnavailable.status
         finally:
             self._ended = True
             self._arrived.set()

@@ -18,12 +18,16 @@ class ReplyPart(NamedTuple):
     `ended` is set on a stream's last part only: 200, or the status of the error event that
     ended it. The ingress learns from it that the stream is complete before it writes the last
     events (a client may hang up the moment it reads `data: [DONE]`, as OpenAI's does).
+    On a stream's first part, `replica` names the replica when it could open a feed to the
+    ingress (deployments.feeds), and `via_feed` says that the rest comes on the open one.
     """
 
     data: bytes
     prompt_tokens: int
     completion_tokens: int
     ended: int | None = None
+    replica: str | None = None
+    via_feed: bool = False
 
 
 class ModelInfo(NamedTuple):

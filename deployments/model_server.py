@@ -11,6 +11,7 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.config import TINY_MODEL, ModelTypeConfig, tiny_model_dir
+from deployments.feeds import FeedHub, FeedItem
 from deployments.generation import EngineUnavailable, ModelInfo, ReplyPart
 from deployments.responses_wire import ResponsePart
 
@@ -43,12 +44,42 @@ class ModelServer:
         )
         self._tool_call_parser = config.tool_call_parser
         self._responses = None
+        self._feeds = FeedHub(config.max_ongoing_requests)
+        self._replica = serve.get_replica_context().replica_id.unique_id
         logger.info("%s ready: max_model_len=%d", self._name, self._engine.max_model_len)
 
-    async def stream(self, api: str, body: dict) -> AsyncIterator[ReplyPart]:
-        """A streamed request of `api` ("chat" or "completion"): batches of SSE events."""
-        async for part in self._engine.serve(api, body):
-            yield part
+    async def stream(
+        self, api: str, body: dict, ingress: str | None = None, key: int = 0
+    ) -> AsyncIterator[ReplyPart]:
+        """A streamed request of `api` ("chat" or "completion") from ingress replica `ingress`
+        (its request `key`): batches of SSE events, or, while that ingress has a feed open
+        here, the first part alone and the rest on the feed."""
+        feed = self._feeds.of(ingress)
+        if feed is None:
+            parts = self._engine.serve(api, body)
+            first = await anext(parts)
+            yield first._replace(replica=self._replica) if self._feeds.accepts else first
+            async for part in parts:
+                yield part
+            return
+        feed.members.add(key)  # from here on the feed stays open, however long the prefill
+        parts = self._engine.serve(api, body, batched=False)
+        try:
+            first = await anext(parts)
+            if first.ended is not None:
+                yield first
+                return
+            yield first._replace(replica=self._replica, via_feed=True)
+            async for part in parts:
+                feed.put(key, part)
+        finally:
+            feed.members.discard(key)
+            await parts.aclose()
+
+    async def feed(self, ingress: str, feed_for: str) -> AsyncIterator[list[FeedItem]]:
+        """The feed of ingress replica `ingress` (`feed_for`, this replica, routes it here)."""
+        async for batch in self._feeds.serve(ingress):
+            yield batch
 
     async def reply(self, api: str, body: dict) -> ReplyPart:
         """A whole request of `api`: one part holding the JSON body."""

@@ -186,6 +186,9 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     os.environ["SERVICEAI_KEY_CACHE_TTL_S"] = str(STACK_KEY_CACHE_TTL_S)
     os.environ["SERVICEAI_USAGE_FLUSH_S"] = str(STACK_USAGE_FLUSH_S)
     os.environ["HF_HUB_OFFLINE"] = "1"  # no hub on these machines: fail fast, never hang
+    # Every stream that finds a feed open uses it (production waits for 4 on one replica),
+    # so that the suite runs streams both ways: on their own call and on a feed.
+    os.environ["SERVICEAI_STREAM_FEED_MIN_STREAMS"] = "1"
     # The same Ray Serve runtime as `make run` and production, with this session's own HAProxy.
     runtime = cluster_env(ray_dir / "h", free_port)
     # Throughput-optimized Serve buffers 1000 request-path log lines before writing them; the
@@ -227,7 +230,7 @@ def stack(stack_lock: None) -> Iterator[Stack]:
         serve.shutdown()
         ray.shutdown()
         for name in ("SERVICEAI_DATABASE_URL", "SERVICEAI_ADMIN_TOKEN", "SERVICEAI_SESSION_SECRET",
-                     "SERVICEAI_KEY_CACHE_TTL_S",
+                     "SERVICEAI_KEY_CACHE_TTL_S", "SERVICEAI_STREAM_FEED_MIN_STREAMS",
                      "SERVICEAI_USAGE_FLUSH_S", "SERVICEAI_PUBLIC_BASE_URL", *runtime):
             os.environ.pop(name, None)
         shutil.rmtree(ray_dir, ignore_errors=True)

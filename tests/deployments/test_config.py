@@ -1,8 +1,9 @@
 import pytest
 from pydantic import ValidationError
+from ray.serve.config import RequestRouterConfig
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
-from deployments.config import TINY_MODEL, ModelTypeConfig, ray_accelerator_types
+from deployments.config import FEED_ROUTER, TINY_MODEL, ModelTypeConfig, ray_accelerator_types
 from deployments.model_server import ModelServer
 
 
@@ -24,6 +25,7 @@ def test_cpu_defaults():
         "max_surge_percent": 0,
         "ray_actor_options": {"num_cpus": 0.5},
         "num_replicas": 1,
+        "request_router_config": RequestRouterConfig(request_router_class=FEED_ROUTER),
     }
 
 
