@@ -68,8 +68,9 @@ def _cpu_times(role: str, pid: int) -> float:
 
 
 @contextmanager
-def cpu_profile(pids: dict[str, int], out_dir: Path) -> Iterator[CpuProfile]:
-    """Sample `pids` (role -> pid) with py-spy while the block runs."""
+def cpu_profile(pids: dict[str, int], out_dir: Path, sample: bool = True) -> Iterator[CpuProfile]:
+    """CPU seconds of `pids` (role -> pid) while the block runs, and (`sample`) py-spy's
+    samples of them; without py-spy the counters are those of an unperturbed run."""
     result = CpuProfile(pids, out_dir)
     samplers = [
         subprocess.Popen(
@@ -77,7 +78,7 @@ def cpu_profile(pids: dict[str, int], out_dir: Path) -> Iterator[CpuProfile]:
              "--nonblocking", "--output", str(out_dir / f"{role}.raw")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        for role, pid in pids.items()
+        for role, pid in (pids.items() if sample else ())
     ]
     before = {role: _cpu_times(role, pid) for role, pid in pids.items()}
     started = time.monotonic()

@@ -64,11 +64,27 @@ def serving_table(summary: dict[str, Any]) -> str:
             f"{b['p99_itl_ms']:.1f} / {o['p99_itl_ms']:.1f} |"
         )
     lines.append("")
+    lines += front_end_lines(r, _concurrencies(summary))
     lines += [f"- {'PASS' if check(r) else 'FAIL'}: {name}" for name, check in BUDGET]
     for run, profile in (summary.get("profile") or {}).items():
         lines += ["", f"### Profile of {run}"]
         lines += profile_lines(profile)
     return "\n".join(lines) + "\n"
+
+
+def front_end_lines(results: dict[str, Any], concurrencies: list[int]) -> list[str]:
+    """CPU per output token of everything on the path but the engine core and its worker:
+    ours (ingress, model replica, Serve's proxy, HAProxy) against bare's api_server."""
+    cells = []
+    for c in concurrencies:
+        b, o = results.get(f"bare-c{c}", {}), results.get(f"ours-c{c}", {})
+        if "front_end_us_per_token" in b and "front_end_us_per_token" in o:
+            ours, bare = o["front_end_us_per_token"], b["front_end_us_per_token"]
+            cells.append(f"c={c} {ours:.0f} vs {bare:.0f} us ({ours / bare:.2f}x)")
+    if not cells:
+        return []
+    return ["Front-end CPU per output token, ours vs bare's api_server (engine core and worker "
+            "excluded): " + ", ".join(cells) + ".", ""]
 
 
 RAY_LLM_NAMES = {"ours": "ServiceAi", "ray-llm": "Ray Serve LLM, defaults",

@@ -27,6 +27,7 @@ from typing import Any
 
 from bench import cpu_profile, report
 from bench.servers import (
+    FRONT_ENDS,
     PROJECT_ROOT,
     Server,
     bare_pids,
@@ -81,10 +82,14 @@ def vllm_bench(server: Server, model_dir: Path, concurrency: int, prompts: int,
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
     """The median over rounds of each metric."""
-    return {m: statistics.median(r[m] for r in runs) for m in METRICS}
+    medians = {m: statistics.median(r[m] for r in runs) for m in METRICS}
+    per_token = [r["front_end_us_per_token"] for r in runs if "front_end_us_per_token" in r]
+    if per_token:
+        medians["front_end_us_per_token"] = statistics.median(per_token)
+    return medians
 
 
-def run_mode(mode: str, rounds: int, profile: bool, ray_llm: bool) -> dict[str, Any]:
+def run_mode(mode: str, rounds: int, profile: bool, ray_llm: bool, cpu: bool = True) -> dict[str, Any]:
     """Bare vLLM against this service, then (with `ray_llm`) against each mode of Ray Serve LLM.
 
     Bare vLLM stays up throughout; each contender runs in its own phase, alternating with it,
@@ -115,13 +120,20 @@ def run_mode(mode: str, rounds: int, profile: bool, ray_llm: bool) -> dict[str, 
                             out = raw / f"{key}-c{concurrency}-r{round_}.json"
                             profiling = ((profile or mode == "gateway") and name == "ours"
                                          and round_ == 0 and concurrency > 1)
+                            counting = cpu and name == "ours" and concurrency > 1
                             pids = ((replica_pids(contender) if server is contender else bare_pids(bare))
-                                    if profiling else {})
-                            with cpu_profile.cpu_profile(pids, raw) as prof:
+                                    if profiling or counting else {})
+                            if not profiling:  # counters alone: the front ends, unperturbed
+                                pids = {r: p for r, p in pids.items() if r in FRONT_ENDS}
+                            with cpu_profile.cpu_profile(pids, raw, sample=profiling) as prof:
                                 result = vllm_bench(server, model_dir, concurrency, prompts,
                                                     spec["input_len"], spec["output_len"], out)
                             if profiling:
                                 profiles[f"{key}-c{concurrency}"] = prof.summary()
+                            if counting:
+                                result["front_end_cpu_s"] = prof.cpu_seconds
+                                front = sum(v for r, v in prof.cpu_seconds.items() if r in FRONT_ENDS)
+                                result["front_end_us_per_token"] = 1e6 * front / result["total_output_tokens"]
                             runs.setdefault(f"{key}-c{concurrency}", []).append(result)
                             print(f"  c={concurrency:<3} round {round_} {key:18}: "
                                   f"{result['output_throughput']:8.1f} tok/s  "
@@ -143,6 +155,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--profile", action="store_true",
                         help="also profile the serving runs (py-spy; costs some throughput)")
+    parser.add_argument("--no-cpu", dest="cpu", action="store_false",
+                        help="skip reading the front ends' CPU counters (per output token, c > 1)")
     parser.add_argument("--ray-llm", action="store_true",
                         help="also measure Ray Serve LLM (default and direct streaming) against bare vLLM")
     parser.add_argument("--serve-env", action="append", default=[], metavar="VAR=VALUE",
@@ -153,7 +167,7 @@ def main() -> None:
     with open(STACK_LOCK, "w") as lock:
         print(f"waiting for {STACK_LOCK} (held while a test session or benchmark runs) ...", flush=True)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        summary = run_mode(args.mode, args.rounds, args.profile, args.ray_llm)
+        summary = run_mode(args.mode, args.rounds, args.profile, args.ray_llm, args.cpu)
     if args.mode == "serving":
         table = report.serving_table(summary)
         if args.ray_llm:

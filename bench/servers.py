@@ -261,4 +261,15 @@ def replica_pids(server: Server) -> dict[str, int]:
     for child in _descendants(found.get("model", -1)):
         if "EngineCore" in child.name():
             found["engine_core"] = child.pid
+    for proc in psutil.process_iter(["cmdline"]):
+        if " ".join(proc.info["cmdline"] or []).startswith("ray::HAProxyManager") and server.ray_dir \
+                and _uses(proc.parent(), server.ray_dir):
+            for child in _descendants(proc.pid):
+                if child.name() == "haproxy":
+                    found["haproxy"] = child.pid
     return found
+
+
+FRONT_ENDS = {"ingress", "model", "proxy", "haproxy", "api_server"}
+"""The roles on the serving path that are neither the engine core nor its worker: a model
+replica's or api_server's engine children are not counted with them (cpu_profile)."""

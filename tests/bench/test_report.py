@@ -63,3 +63,15 @@ def test_engine_args_become_the_flags_vllm_serve_parses():
     parsed = parser.parse_args(["--model", "m", *engine_cli_args(config)])
     assert parsed.max_model_len == 2048 and parsed.enable_prefix_caching
     assert parsed.structured_outputs_config.disable_any_whitespace
+
+
+def test_front_end_cpu_per_token_is_reported_against_bare():
+    summary = _summary()
+    summary["spec"].update(input_len=64, output_len=64)
+    for name in ("bare", "ours"):  # the budget reads c=8 too
+        summary["results"][f"{name}-c8"] = dict(summary["results"][f"{name}-c32"])
+    summary["results"]["bare-c32"]["front_end_us_per_token"] = 80.0
+    summary["results"]["ours-c32"]["front_end_us_per_token"] = 200.0
+    table = report.serving_table(summary)
+    assert "c=32 200 vs 80 us (2.50x)" in table
+    assert "c=1 " not in table.split("Front-end CPU")[1].split("\n")[0]  # not counted at c=1
