@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 from ray.exceptions import RayActorError
@@ -26,6 +27,7 @@ logger = logging.getLogger("ray.serve.serviceai")
 
 RETRY_AFTER_UNAVAILABLE_S = 5
 RETRY_AFTER_OVERLOADED_S = 1
+INFO_TTL_S = 30.0
 
 
 class ModelEndpoint:
@@ -40,6 +42,7 @@ class ModelEndpoint:
         self._streaming = self._whole.options(stream=True)
         self._feeds = Feeds(self._streaming, feed_min_streams)
         self._info: ModelInfo | None = None
+        self._info_at = 0.0
 
     async def open_stream(
         self, api: str, body: dict
@@ -80,12 +83,17 @@ class ModelEndpoint:
             raise self.error(exc) from None
 
     async def info(self) -> ModelInfo:
-        """What the model type's replicas serve (context length, tool parser); asked once."""
-        if self._info is None:
+        """What the model type's replicas serve (context length, tool parser), asked again
+        every `INFO_TTL_S`: a rollout that changes them is seen without restarting the ingress."""
+        now = time.monotonic()
+        if self._info is None or now - self._info_at > INFO_TTL_S:
             try:
                 self._info = await self._whole.info.remote()
             except Exception as exc:
-                raise self.error(exc) from None
+                if self._info is None:
+                    raise self.error(exc) from None
+                # No replica answers now: keep what the last one said until the next try.
+            self._info_at = now
         return self._info
 
     def error(self, exc: BaseException) -> ApiError:

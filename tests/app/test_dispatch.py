@@ -4,9 +4,10 @@ import pytest
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
+from app import dispatch
 from app.dispatch import ModelEndpoint, ModelRouter, running_replicas
 from app.errors import ApiError
-from deployments.generation import ContextLengthExceeded, EngineUnavailable
+from deployments.generation import ContextLengthExceeded, EngineUnavailable, ModelInfo
 
 
 class FakeHandle:
@@ -82,3 +83,42 @@ def test_readiness_tells_a_first_replica_pending_from_replicas_lost(monkeypatch)
     assert router.readiness() == {"A": "unavailable", "Z": "ready"}
     counts["A"] = None
     assert router.readiness()["A"] == "unknown"
+
+
+class InfoHandle(FakeHandle):
+    """A handle whose replicas answer `info` with what the test sets (or fail)."""
+
+    def __init__(self) -> None:
+        super().__init__("ServiceAi-Pro")
+        self.answer: object = ModelInfo("ServiceAi-Pro", 2048)
+        self.calls = 0
+        self.info = SimpleNamespace(remote=self._remote)
+
+    async def _remote(self):
+        self.calls += 1
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+async def test_model_info_is_asked_again_after_a_while_so_a_rollout_is_seen(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(dispatch.time, "monotonic", lambda: clock[0])
+    handle = InfoHandle()
+    pro = ModelEndpoint("ServiceAi-Pro", handle)
+    assert (await pro.info()).max_model_len == 2048
+    handle.answer = ModelInfo("ServiceAi-Pro", 256)  # the new engine args rolled out
+    assert (await pro.info()).max_model_len == 2048 and handle.calls == 1  # cached
+    clock[0] += dispatch.INFO_TTL_S + 1
+    assert (await pro.info()).max_model_len == 256
+    handle.answer = RayActorError()  # no replica answers: the last answer stands
+    clock[0] += dispatch.INFO_TTL_S + 1
+    assert (await pro.info()).max_model_len == 256
+
+
+async def test_model_info_of_a_type_never_reached_is_its_error():
+    handle = InfoHandle()
+    handle.answer = RayActorError()
+    with pytest.raises(ApiError) as info:
+        await ModelEndpoint("ServiceAi-Pro", handle).info()
+    assert info.value.status == 503
