@@ -103,7 +103,7 @@ class Settings(BaseSettings):
         "slower one is refused with 408.",
     )
     stream_feed_min_streams: int = Field(
-        4,
+        16,
         ge=0,
         description="Streams an ingress replica runs on one model replica before it opens a feed "
         "there: one message per engine step for all of them instead of one per stream "

@@ -186,7 +186,7 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     os.environ["SERVICEAI_KEY_CACHE_TTL_S"] = str(STACK_KEY_CACHE_TTL_S)
     os.environ["SERVICEAI_USAGE_FLUSH_S"] = str(STACK_USAGE_FLUSH_S)
     os.environ["HF_HUB_OFFLINE"] = "1"  # no hub on these machines: fail fast, never hang
-    # Every stream that finds a feed open uses it (production waits for 4 on one replica),
+    # Every stream that finds a feed open uses it (by default one waits for 16 on one replica),
     # so that the suite runs streams both ways: on their own call and on a feed.
     os.environ["SERVICEAI_STREAM_FEED_MIN_STREAMS"] = "1"
     # The same Ray Serve runtime as `make run` and production, with this session's own HAProxy.
