@@ -8,8 +8,8 @@ STAMP := $(VENV)/.installed
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install browser run test test-fast audit soak bench bench-ray-llm bench-gateway lock clean \
-	cluster-up cluster-down
+.PHONY: install browser run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway \
+	lock clean cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -57,6 +57,17 @@ soak: install
 # Bare vLLM vs this service with vLLM's own load generator; updates README's table (~10 min).
 bench: install
 	$(BIN)/python -m bench.run serving
+
+# The same on a GPU node, on a model of your choice: make bench-gpu MODEL=<path or Hugging Face id>.
+# It does not run `install` (the CPU build): make .venv there with `pip install -e '.[gpu,dev]'`.
+# Both servers share the GPU, each with its part of the memory (ENGINE_ARGS). Offline: bench/gpu/.
+MODEL ?=
+CONCURRENCY ?= 1:32,32:320,128:1024,256:1536
+ENGINE_ARGS ?= {"max_model_len": 2048, "gpu_memory_utilization": 0.4}
+bench-gpu:
+	@test -n "$(MODEL)" || { echo "usage: make bench-gpu MODEL=<path or Hugging Face id>"; exit 2; }
+	$(BIN)/python -m bench.run serving --model '$(MODEL)' --concurrency '$(CONCURRENCY)' \
+	  --engine-args '$(ENGINE_ARGS)'
 
 # The same, then Ray Serve LLM (defaults, and direct streaming) against the same bare server.
 bench-ray-llm: install

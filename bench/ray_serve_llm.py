@@ -22,10 +22,11 @@ ENGINE_CPUS = 0.5
 def build_app(args: dict[str, Any]) -> Application:
     from ray.serve.llm import LLMConfig, build_openai_app
 
+    engine_bundle = {"CPU": ENGINE_CPUS, "GPU": 1} if args.get("gpu") else {"CPU": ENGINE_CPUS}
     config = LLMConfig(
         model_loading_config={"model_id": args["model_id"], "model_source": args["model_dir"]},
         engine_kwargs=args["engine_args"],
-        placement_group_config={"bundles": [{"CPU": ENGINE_CPUS}]},
+        placement_group_config={"bundles": [engine_bundle]},
         deployment_config={"num_replicas": 1, "max_ongoing_requests": args["max_ongoing_requests"]},
     )
     serving: dict[str, Any] = {"llm_configs": [config]}

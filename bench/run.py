@@ -2,10 +2,15 @@
 
     python -m bench.run serving   # 64 in / 64 out tokens at concurrency 1, 8, 32 (the budget)
     python -m bench.run gateway   # one-token replies at concurrency 1 and 64, with CPU profiles
+    python -m bench.run serving --model Qwen/Qwen2.5-1.5B-Instruct \
+        --concurrency 1:32,32:320,128:1024,256:1536 \
+        --engine-args '{"max_model_len": 2048, "gpu_memory_utilization": 0.4}'   # `make bench-gpu`
 
 Both servers run the same generated tiny model with the same engine arguments (those of
-ServiceAi-Fast in serve_config.yaml). Runs alternate between the two so that machine drift
-hits both. Results go to bench/results/; the serving table is also written into README.md.
+ServiceAi-Fast in serve_config.yaml), or the model given with --model, with vLLM's defaults and
+--engine-args. Runs alternate between the two so that machine drift hits both. Results go to
+bench/results/; the serving table of the tiny model at the spec's concurrencies (`make bench`)
+is also written into README.md.
 """
 
 from __future__ import annotations
@@ -29,16 +34,16 @@ from bench import cpu_profile, report
 from bench.servers import (
     FRONT_ENDS,
     PROJECT_ROOT,
+    BenchTarget,
     Server,
     bare_pids,
     bare_vllm,
+    bench_target,
     free_port,
     ray_serve_llm,
     replica_pids,
     serviceai,
 )
-from deployments.config import tiny_model_dir
-from deployments.tiny_model import ensure
 
 RESULTS = PROJECT_ROOT / "bench" / "results"
 STACK_LOCK = Path(tempfile.gettempdir()) / "serviceai-stack.lock"
@@ -56,14 +61,14 @@ METRICS = (
 )
 
 
-def vllm_bench(server: Server, model_dir: Path, concurrency: int, prompts: int,
+def vllm_bench(server: Server, tokenizer: str, concurrency: int, prompts: int,
                input_len: int, output_len: int, out: Path) -> dict[str, Any]:
     """One `vllm bench serve` run; returns its JSON result."""
     command = [
         sys.executable, "-m", "bench.vllm_cli", "bench", "serve",
         "--backend", "openai-chat", "--base-url", server.base_url,
         "--endpoint", "/v1/chat/completions", "--model", server.model,
-        "--tokenizer", str(model_dir), "--dataset-name", "random",
+        "--tokenizer", tokenizer, "--dataset-name", "random",
         "--random-input-len", str(input_len), "--random-output-len", str(output_len),
         "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(prompts),
         "--num-warmups", str(min(concurrency, 8)), "--seed", "0", "--disable-tqdm",
@@ -89,26 +94,26 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
     return medians
 
 
-def run_mode(mode: str, rounds: int, profile: bool, ray_llm: bool, cpu: bool = True) -> dict[str, Any]:
+def run_mode(mode: str, spec: dict[str, Any], target: BenchTarget, rounds: int, profile: bool,
+             ray_llm: bool, cpu: bool = True) -> dict[str, Any]:
     """Bare vLLM against this service, then (with `ray_llm`) against each mode of Ray Serve LLM.
 
     Bare vLLM stays up throughout; each contender runs in its own phase, alternating with it,
     so every ratio compares two servers measured in the same minutes.
     """
-    spec = SERVING if mode == "serving" else GATEWAY
-    model_dir = ensure(tiny_model_dir())
+    tokenizer = target.model_path()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     raw = RESULTS / "raw" / f"{stamp}-{mode}"
     raw.mkdir(parents=True, exist_ok=True)
     contenders: dict[str, Callable[[], AbstractContextManager[Server]]] = {
-        "ours": lambda: serviceai(free_port(), raw, SERVE_ENV)
+        "ours": lambda: serviceai(target, free_port(), raw, SERVE_ENV)
     }
     if ray_llm:
         for name, direct in RAY_LLM_MODES.items():
-            contenders[name] = partial(ray_serve_llm, model_dir, free_port(), raw, direct)
+            contenders[name] = partial(ray_serve_llm, target, free_port(), raw, direct)
     runs: dict[str, list[dict[str, Any]]] = {}
     profiles: dict[str, dict[str, Any]] = {}
-    with bare_vllm(model_dir, free_port(), raw) as bare:
+    with bare_vllm(target, free_port(), raw) as bare:
         for name, start in contenders.items():
             with start() as contender:
                 print(f"bare vLLM and {contender.name} ready; logs in {raw}", flush=True)
@@ -126,7 +131,7 @@ def run_mode(mode: str, rounds: int, profile: bool, ray_llm: bool, cpu: bool = T
                             if not profiling:  # counters alone: the front ends, unperturbed
                                 pids = {r: p for r, p in pids.items() if r in FRONT_ENDS}
                             with cpu_profile.cpu_profile(pids, raw, sample=profiling) as prof:
-                                result = vllm_bench(server, model_dir, concurrency, prompts,
+                                result = vllm_bench(server, tokenizer, concurrency, prompts,
                                                     spec["input_len"], spec["output_len"], out)
                             if profiling:
                                 profiles[f"{key}-c{concurrency}"] = prof.summary()
@@ -141,6 +146,7 @@ def run_mode(mode: str, rounds: int, profile: bool, ray_llm: bool, cpu: bool = T
                                   f"TTFT p50 {result['median_ttft_ms']:7.1f} ms", flush=True)
     summary = {
         "mode": mode, "date": stamp, "machine": report.machine(), "spec": spec, "rounds": rounds,
+        "model": target.model, "engine_args": target.engine_args,
         "serve_env": SERVE_ENV, "contenders": list(contenders),
         "results": {key: summarize(v) for key, v in runs.items()},
         "profile": profiles,
@@ -149,7 +155,35 @@ def run_mode(mode: str, rounds: int, profile: bool, ray_llm: bool, cpu: bool = T
     return summary
 
 
-def main() -> None:
+def concurrency_arg(text: str) -> dict[int, int]:
+    """`--concurrency 1:32,32:320`: concurrency -> prompts, in the order given."""
+    levels: dict[int, int] = {}
+    for item in text.split(","):
+        concurrency, sep, prompts = item.strip().partition(":")
+        if not (sep and concurrency.isdigit() and prompts.isdigit()):
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not CONCURRENCY:PROMPTS")
+        if int(concurrency) < 1 or int(prompts) < 1:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r}: both numbers must be >= 1")
+        if int(concurrency) in levels:
+            raise argparse.ArgumentTypeError(f"concurrency {int(concurrency)} is given twice")
+        levels[int(concurrency)] = int(prompts)
+    return levels
+
+
+def engine_args_arg(text: str) -> dict[str, Any]:
+    """`--engine-args '{"max_model_len": 2048}'`: AsyncEngineArgs fields, as a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object of engine arguments")
+    if "model" in value:
+        raise argparse.ArgumentTypeError("give the model with --model")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("serving", "gateway"), nargs="?", default="serving")
     parser.add_argument("--rounds", type=int, default=2)
@@ -161,25 +195,56 @@ def main() -> None:
                         help="also measure Ray Serve LLM (default and direct streaming) against bare vLLM")
     parser.add_argument("--serve-env", action="append", default=[], metavar="VAR=VALUE",
                         help="extra environment of the service's Ray cluster (experiments)")
-    args = parser.parse_args()
+    parser.add_argument("--model", metavar="PATH_OR_HF_ID",
+                        help="serve this model on every server instead of the tiny one, with "
+                        "vLLM's default engine args plus --engine-args")
+    parser.add_argument("--concurrency", type=concurrency_arg, metavar="C:PROMPTS,...",
+                        help="the runs to make, replacing the mode's own, e.g. 1:32,32:320")
+    parser.add_argument("--engine-args", type=engine_args_arg, default={}, metavar="JSON",
+                        help="engine args given identically to every server, e.g. "
+                        '\'{"max_model_len": 2048, "gpu_memory_utilization": 0.4}\' '
+                        "(servers on one GPU each need a share of its memory)")
+    return parser
+
+
+def run_plan(args: argparse.Namespace, gpu: bool) -> tuple[dict[str, Any], BenchTarget]:
+    """The mode's spec (with --concurrency's runs) and what every server serves."""
+    spec = dict(SERVING if args.mode == "serving" else GATEWAY)
+    if args.concurrency:
+        spec["concurrency"] = args.concurrency
+    target = bench_target(args.model, args.engine_args, list(spec["concurrency"]), gpu)
+    return spec, target
+
+
+def main() -> None:
+    args = parser().parse_args()
+    spec, target = run_plan(args, gpu=bool(report.gpu_names()))
+    # The README's table and latest-*.md are `make bench`'s: the tiny model at the spec's runs.
+    standard = args.model is None and args.concurrency is None and not args.engine_args
     SERVE_ENV.update(item.split("=", 1) for item in args.serve_env)
     RESULTS.mkdir(parents=True, exist_ok=True)
     with open(STACK_LOCK, "w") as lock:
         print(f"waiting for {STACK_LOCK} (held while a test session or benchmark runs) ...", flush=True)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        summary = run_mode(args.mode, args.rounds, args.profile, args.ray_llm, args.cpu)
+        summary = run_mode(args.mode, spec, target, args.rounds, args.profile, args.ray_llm,
+                           args.cpu)
     if args.mode == "serving":
         table = report.serving_table(summary)
-        if args.ray_llm:
-            ray_table = report.ray_llm_table(summary)
+        ray_table = report.ray_llm_table(summary) if args.ray_llm else ""
+        if standard and args.ray_llm:
             report.update_readme(PROJECT_ROOT / "README.md", summary, ray_table, section="ray-llm")
             (RESULTS / "latest-ray-llm.md").write_text(ray_table)
+        if standard:
+            report.serving_chart(summary, RESULTS / "latest-serving.png")
+            report.update_readme(PROJECT_ROOT / "README.md", summary, table)
+        if ray_table:
             print(ray_table)
-        report.serving_chart(summary, RESULTS / "latest-serving.png")
-        report.update_readme(PROJECT_ROOT / "README.md", summary, table)
     else:
-        table = report.gateway_table(summary)
-    (RESULTS / f"latest-{args.mode}.md").write_text(table)
+        table, ray_table = report.gateway_table(summary), ""
+    if standard:
+        (RESULTS / f"latest-{args.mode}.md").write_text(table)
+    else:
+        (RESULTS / f"{summary['date']}-{args.mode}.md").write_text(table + ray_table)
     print(table)
 
 

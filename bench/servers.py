@@ -15,7 +15,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ import yaml
 from app.keystore import open_store
 from app.serve_runtime import cluster_env
 from app.settings import Settings
+from deployments.config import TINY_MODEL, ModelTypeConfig, tiny_model_dir
+from deployments.tiny_model import ensure
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
@@ -47,10 +49,88 @@ class Server:
 
 
 def bench_model_type() -> dict[str, Any]:
-    """The local profile's settings of the benchmarked type: both servers use its engine args."""
+    """The local profile's settings of the benchmarked type, as serve_config.yaml has them."""
     config = yaml.safe_load(SERVE_CONFIG.read_text())
     [app] = config["applications"]
     return next(m for m in app["args"]["model_types"] if m["name"] == BENCH_TYPE)
+
+
+@dataclass(frozen=True)
+class BenchTarget:
+    """What every server in a run serves, identically: one model and one set of engine args."""
+
+    model: str = TINY_MODEL  # a local path or a Hugging Face id; TINY_MODEL: the generated one
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    gpu: bool = False  # the node has a GPU: the service's model replica must ask Ray for one
+    max_concurrency: int = 32
+    start_timeout_s: float = 600
+
+    def model_path(self) -> str:
+        """What bare vLLM loads and the load generator tokenizes with."""
+        return str(ensure(tiny_model_dir())) if self.model == TINY_MODEL else self.model
+
+
+def bench_target(model: str | None, extra_engine_args: dict[str, Any], concurrencies: list[int],
+                 gpu: bool) -> BenchTarget:
+    """The tiny model with the local profile's engine args (`make bench`), or the operator's
+    model with vLLM's own defaults: either way `extra_engine_args` on top, for every server.
+    The profile's args are the tiny model's on two CPU cores (eager, a 512 MiB KV cache)."""
+    if model is None:
+        base, model = bench_model_type().get("engine_args", {}), TINY_MODEL
+    else:
+        base, local = {}, Path(model).expanduser()
+        model = str(local.resolve()) if local.exists() else model
+    return BenchTarget(
+        model=model, engine_args={**base, **extra_engine_args}, gpu=gpu,
+        max_concurrency=max(concurrencies),
+        # a real model may first be downloaded, then compiled and captured in CUDA graphs
+        start_timeout_s=600 if model == TINY_MODEL else 1800,
+    )
+
+
+def service_model_type(target: BenchTarget) -> dict[str, Any]:
+    """The benchmarked type as the service runs it in the benchmark, checked as `serviceai run`
+    checks it: the target's model and engine args, a GPU per replica on a GPU node, and room in
+    Serve for every client up to the engine's max_num_seqs (the config refuses more)."""
+    model_type = {**bench_model_type(), "model": target.model, "engine_args": target.engine_args}
+    model_type["model_env"] = None  # SERVICEAI_MODEL_FAST must not swap the model under the bench
+    if target.model != TINY_MODEL:
+        # hermes is the tiny model's tool-call format; bare vLLM runs without a parser
+        model_type.pop("tool_call_parser", None)
+    if target.gpu:
+        model_type["num_gpus_per_shard"] = 1
+    ongoing = max(model_type.get("max_ongoing_requests", 64), target.max_concurrency)
+    max_num_seqs = target.engine_args.get("max_num_seqs")
+    if isinstance(max_num_seqs, int):
+        ongoing = min(ongoing, max_num_seqs)
+    model_type["max_ongoing_requests"] = ongoing
+    queued = model_type.get("max_queued_requests", -1)
+    if queued != -1:
+        model_type["max_queued_requests"] = max(queued, target.max_concurrency)
+    ModelTypeConfig.model_validate(model_type)
+    return model_type
+
+
+def service_config(target: BenchTarget, port: int) -> dict[str, Any]:
+    """serve_config.yaml as the benchmark runs it: the benchmarked type alone, on `port`."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    config["http_options"]["port"] = port
+    [app] = config["applications"]
+    app["args"]["model_types"] = [service_model_type(target)]
+    # Every request still passes the rate-limit check (its cost is measured), never refused.
+    app["args"]["plans"] = {"free": {BENCH_TYPE: BENCH_LIMITS}}
+    return config
+
+
+def bare_command(target: BenchTarget, port: int) -> list[str]:
+    """vLLM's own OpenAI server on the target, under the name the service gives the model."""
+    return [
+        str(BIN / "python"), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", target.model_path(), "--served-model-name", BENCH_TYPE,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--disable-uvicorn-access-log",
+        *engine_cli_args(target.engine_args),
+    ]
 
 
 def engine_cli_args(engine_args: dict[str, Any]) -> list[str]:
@@ -116,58 +196,46 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 
 @contextmanager
-def bare_vllm(model_dir: Path, port: int, log_dir: Path) -> Iterator[Server]:
+def bare_vllm(target: BenchTarget, port: int, log_dir: Path) -> Iterator[Server]:
     """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`)."""
-    model_type = bench_model_type()
     log = log_dir / "bare-vllm.log"
-    command = [
-        str(BIN / "python"), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--served-model-name", BENCH_TYPE,
-        "--host", "127.0.0.1", "--port", str(port),
-        "--disable-uvicorn-access-log",
-        *engine_cli_args(model_type.get("engine_args", {})),
-    ]
     with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
+        process = subprocess.Popen(bare_command(target, port), stdout=out,
+                                   stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
     server = Server("bare vLLM", f"http://127.0.0.1:{port}", "unused", BENCH_TYPE, pid=process.pid)
     try:
-        _wait_for_chat(server, process, log, timeout_s=300)
+        _wait_for_chat(server, process, log, target.start_timeout_s)
         yield server
     finally:
         _stop(process, _descendants(process.pid))
 
 
 @contextmanager
-def serviceai(port: int, log_dir: Path, extra_env: dict[str, str]) -> Iterator[Server]:
+def serviceai(target: BenchTarget, port: int, log_dir: Path,
+              extra_env: dict[str, str]) -> Iterator[Server]:
     """This service as `make run` starts it (`serve run`), with only the benchmarked model type."""
-    config = yaml.safe_load(SERVE_CONFIG.read_text())
-    config["http_options"]["port"] = port
-    [app] = config["applications"]
-    app["args"]["model_types"] = [bench_model_type()]
-    # Every request still passes the rate-limit check (its cost is measured), never refused.
-    app["args"]["plans"] = {"free": {BENCH_TYPE: BENCH_LIMITS}}
+    config = service_config(target, port)
     ray_tmp = Path(tempfile.mkdtemp(prefix="saib-", dir="/tmp"))
     runtime = cluster_env(ray_tmp / "h", free_port)
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **runtime, **extra_env}
     api_key = _provision_key(env, ray_tmp)
     server = Server("ServiceAi", f"http://127.0.0.1:{port}", api_key, BENCH_TYPE, ray_tmp)
-    with _serve_run(server, config, env, log_dir / "serviceai.log"):
+    with _serve_run(server, config, env, log_dir / "serviceai.log", target.start_timeout_s):
         yield server
 
 
 @contextmanager
-def ray_serve_llm(model_dir: Path, port: int, log_dir: Path, direct: bool) -> Iterator[Server]:
+def ray_serve_llm(target: BenchTarget, port: int, log_dir: Path, direct: bool) -> Iterator[Server]:
     """Ray's own `ray.serve.llm` (bench/ray_serve_llm.py) on the same model and engine arguments.
 
     Default: Ray's defaults (Python proxy, handle streaming from the LLM server to its OpenAI
     ingress). Direct: the LLM server replica is the ingress, behind HAProxy, with Serve's
     throughput-optimized runtime, as in Ray's own fastest configuration.
     """
-    model_type = bench_model_type()
     args = {
-        "model_id": BENCH_TYPE, "model_dir": str(model_dir),
-        "engine_args": model_type.get("engine_args", {}),
-        "max_ongoing_requests": model_type.get("max_ongoing_requests", 64),
+        "model_id": BENCH_TYPE, "model_dir": target.model_path(),
+        "engine_args": target.engine_args, "gpu": target.gpu,
+        "max_ongoing_requests": service_model_type(target)["max_ongoing_requests"],
     }
     config = {
         "proxy_location": "HeadOnly",
@@ -184,12 +252,13 @@ def ray_serve_llm(model_dir: Path, port: int, log_dir: Path, direct: bool) -> It
     name = "Ray Serve LLM direct" if direct else "Ray Serve LLM"
     server = Server(name, f"http://127.0.0.1:{port}", "unused", BENCH_TYPE, ray_tmp)
     log = log_dir / ("ray-serve-llm-direct.log" if direct else "ray-serve-llm.log")
-    with _serve_run(server, config, env, log):
+    with _serve_run(server, config, env, log, target.start_timeout_s):
         yield server
 
 
 @contextmanager
-def _serve_run(server: Server, config: dict[str, Any], env: dict[str, str], log: Path) -> Iterator[None]:
+def _serve_run(server: Server, config: dict[str, Any], env: dict[str, str], log: Path,
+               timeout_s: float) -> Iterator[None]:
     """`serve run` of `config` in its own Ray cluster (in server.ray_dir), until the block ends."""
     assert server.ray_dir is not None
     config_path = server.ray_dir / "serve_config.yaml"
@@ -200,7 +269,7 @@ def _serve_run(server: Server, config: dict[str, Any], env: dict[str, str], log:
             stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, env=env,
         )
     try:
-        _wait_for_chat(server, process, log, timeout_s=600)
+        _wait_for_chat(server, process, log, timeout_s)
         yield
     finally:
         _stop(process, [p for p in psutil.process_iter() if _uses(p, server.ray_dir)])

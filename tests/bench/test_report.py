@@ -75,3 +75,25 @@ def test_front_end_cpu_per_token_is_reported_against_bare():
     table = report.serving_table(summary)
     assert "c=32 200 vs 80 us (2.50x)" in table
     assert "c=1 " not in table.split("Front-end CPU")[1].split("\n")[0]  # not counted at c=1
+
+
+def test_a_run_on_another_model_names_it_and_checks_only_the_budget_rows_it_ran():
+    summary = _summary()
+    summary["spec"] = {"input_len": 64, "output_len": 64,
+                       "concurrency": {1: 32, 32: 320, 256: 1536}}
+    for name in ("bare", "ours"):
+        summary["results"][f"{name}-c256"] = dict(summary["results"][f"{name}-c32"])
+    summary |= {"model": "/tmp/m1b", "engine_args": {"max_model_len": 2048, "max_num_seqs": 256}}
+    table = report.serving_table(summary)
+    assert ('Model: /tmp/m1b; engine args of both servers: {"max_model_len": 2048, '
+            '"max_num_seqs": 256}.') in table
+    assert "| 256 | 1000 | 800 | 0.80 |" in table
+    assert "- FAIL: output tok/s at c=32 >= 0.9x bare" in table
+    assert "ITL p50 <= bare + 2 ms (c=1, 8, 32)" not in table  # no c=8 in this run
+
+
+def test_the_machine_names_its_gpus(monkeypatch):
+    monkeypatch.setattr(report, "gpu_names", lambda: ["NVIDIA H100 80GB HBM3"] * 2)
+    assert ", 2x NVIDIA H100 80GB HBM3, Python " in report.machine()
+    monkeypatch.setattr(report, "gpu_names", lambda: [])
+    assert ", no GPU, Python " in report.machine()
