@@ -35,4 +35,6 @@ def build_model_type(args: dict[str, Any]) -> Application:
     """
     config = ModelTypeConfig.model_validate(args)
     ensure_local_model(config)
-    return build_model_app(config)
+    # Its deployment is its application's ingress, where Serve refuses a custom request router
+    # under HAProxy: no stream feeds (their router pins them to a replica), streams as before.
+    return build_model_app(config, feeds=False)

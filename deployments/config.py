@@ -178,8 +178,9 @@ class ModelTypeConfig(BaseModel):
             return environ[self.model_env]
         return self.model
 
-    def serve_options(self) -> dict[str, Any]:
-        """Keyword arguments for `Deployment.options()` of this model type's deployment."""
+    def serve_options(self, feeds: bool = True) -> dict[str, Any]:
+        """Keyword arguments for `Deployment.options()` of this model type's deployment;
+        `feeds`: with the router that pins stream feeds to their replica (deployments.feeds)."""
         from ray.serve.config import RequestRouterConfig
 
         actor_options: dict[str, Any] = {"num_cpus": self.num_cpus}
@@ -194,8 +195,9 @@ class ModelTypeConfig(BaseModel):
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
             "max_surge_percent": self.max_surge_percent,
             "ray_actor_options": actor_options,
-            "request_router_config": RequestRouterConfig(request_router_class=FEED_ROUTER),
         }
+        if feeds:
+            options["request_router_config"] = RequestRouterConfig(request_router_class=FEED_ROUTER)
         if self.autoscaling_config is not None:
             options["autoscaling_config"] = dict(self.autoscaling_config)
         else:

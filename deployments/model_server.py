@@ -25,7 +25,7 @@ class ModelServer:
     Options come from `ModelTypeConfig.serve_options`; the served model name is the type's.
     """
 
-    async def __init__(self, config: ModelTypeConfig) -> None:
+    async def __init__(self, config: ModelTypeConfig, feeds: bool = True) -> None:
         from deployments.engine import VllmEngine
 
         self._name = config.name
@@ -44,7 +44,7 @@ class ModelServer:
         )
         self._tool_call_parser = config.tool_call_parser
         self._responses = None
-        self._feeds = FeedHub(config.max_ongoing_requests)
+        self._feeds = FeedHub(config.max_ongoing_requests if feeds else 0)
         self._replica = serve.get_replica_context().replica_id.unique_id
         logger.info("%s ready: max_model_len=%d", self._name, self._engine.max_model_len)
 
@@ -118,9 +118,10 @@ class ModelServer:
             engine.shutdown()
 
 
-def build_model_app(config: ModelTypeConfig) -> Application:
-    """Bind the model deployment of one model type with its Serve options."""
-    return ModelServer.options(**config.serve_options()).bind(config)
+def build_model_app(config: ModelTypeConfig, feeds: bool = True) -> Application:
+    """Bind the model deployment of one model type with its Serve options; `feeds`: stream
+    feeds to the ingress (deployments.feeds), which need their request router on it."""
+    return ModelServer.options(**config.serve_options(feeds)).bind(config, feeds)
 
 
 def ensure_local_model(config: ModelTypeConfig) -> Path | None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from ray._common.ray_option_utils import validate_actor_options
@@ -18,6 +21,7 @@ from ray.util.placement_group import validate_placement_group
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
 from deployments.config import ModelTypeConfig, ray_accelerator_types
+from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import (
     DEPLOY_GUIDE,
     LOCAL_SERVE_CONFIG,
@@ -222,3 +226,19 @@ def test_local_profile_still_builds_one_application():
     }
     (app,) = load(LOCAL_SERVE_CONFIG)["applications"]
     assert ServeApplicationSchema.model_validate(app).route_prefix == "/"
+
+
+@pytest.mark.parametrize("path", [LOCAL_SERVE_CONFIG, PRODUCTION_SERVE_CONFIG], ids=lambda p: p.name)
+def test_each_profile_builds_as_serve_runs_it_behind_haproxy(path):
+    """Serve refuses some options (a custom request router) on an application's ingress
+    deployment only with HAProxy on, as `make run` and production run it: build each profile
+    in a process that has it on."""
+    code = (
+        "from pathlib import Path; from tests.deploy.conftest import build_serve_config; "
+        f"build_serve_config(Path({str(path)!r}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
+        env={**os.environ, "RAY_SERVE_ENABLE_HA_PROXY": "1"}, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
