@@ -6,7 +6,7 @@ import math
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.keystore.schemas import DEFAULT_PLAN
 from app.plans import Plans
@@ -77,7 +77,6 @@ class ServiceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     ingress: IngressConfig = Field(default_factory=IngressConfig)
-    model_types: list[ModelTypeConfig] = Field(min_length=1)
     models_app: str | None = Field(
         None,
         description="Serve the model types deployed by this other application instead of "
@@ -94,6 +93,13 @@ class ServiceConfig(BaseModel):
         "built by `app.builder:build_model_type`; this application holds the ingress only. "
         "Serve restarts every deployment of an application whose args change, so this keeps a "
         "change to one type (a new model, new autoscaling) from restarting the others.",
+    )
+    # After models_app and separate_model_apps: whether a bare name will do depends on them.
+    model_types: list[ModelTypeConfig] = Field(
+        min_length=1,
+        description="Each type's whole entry; where another application deploys the types "
+        "(separate_model_apps, models_app) their names will do, and keep this application's "
+        "args, hence its replicas, unchanged when a type's entry changes.",
     )
 
     @model_validator(mode="after")
@@ -117,6 +123,21 @@ class ServiceConfig(BaseModel):
         """The application that runs model type `name`; None when it is this one."""
         return name if self.separate_model_apps else self.models_app
 
+    @field_validator("model_types", mode="before")
+    @classmethod
+    def _names_where_another_app_deploys(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, list):
+            return value
+        names = [m for m in value if isinstance(m, str)]
+        if not names:
+            return value
+        if not info.data.get("separate_model_apps") and info.data.get("models_app") is None:
+            raise ValueError(
+                f"{names[0]!r} is a name only; this application deploys its model types, so "
+                "each needs its whole entry (names only with separate_model_apps or models_app)"
+            )
+        return [{"name": m} if isinstance(m, str) else m for m in value]
+
     @field_validator("model_types")
     @classmethod
     def _unique_names(cls, value: list[ModelTypeConfig]) -> list[ModelTypeConfig]:
@@ -128,8 +149,14 @@ class ServiceConfig(BaseModel):
             raise ValueError("'Ingress' is reserved for the ingress deployment")
         return value
 
-    def scale_to_zero_types(self) -> frozenset[str]:
-        """Model types allowed to have no replica (min_replicas 0): requests wait for a cold start."""
+    def scale_to_zero_types(self) -> frozenset[str] | None:
+        """Model types allowed to have no replica (min_replicas 0): requests wait for a cold start.
+
+        None where another application deploys the types: its args decide, and Serve tells
+        each handle (app.dispatch.scales_to_zero), whatever entries this config repeats.
+        """
+        if not self.deploys_model_types():
+            return None
         return frozenset(
             m.name
             for m in self.model_types

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import (
@@ -147,6 +148,12 @@ def unavailable(name: str) -> ApiError:
     )
 
 
+def _asyncio_router(handle: DeploymentHandle) -> Any:
+    """The router that holds what the controller long-polled to this handle; None before its
+    first call or .options() (Ray 2.60's private layout)."""
+    return getattr(getattr(handle, "_router", None), "_asyncio_router", None)
+
+
 def running_replicas(handle: DeploymentHandle) -> int | None:
     """How many running replicas this handle's router knows of; None while it does not know yet.
 
@@ -155,7 +162,7 @@ def running_replicas(handle: DeploymentHandle) -> int | None:
     application, ~0.2 s of CPU per call), hence the private path, pinned by our exact Ray
     version and exercised by tests/e2e/test_stream_lifecycle.py.
     """
-    router = getattr(getattr(handle, "_router", None), "_asyncio_router", None)
+    router = _asyncio_router(handle)
     if router is None:
         return None
     if not router._deployment_available:
@@ -167,6 +174,24 @@ def running_replicas(handle: DeploymentHandle) -> int | None:
     return None if known is None else len(known)
 
 
+def scales_to_zero(handle: DeploymentHandle) -> bool | None:
+    """Whether the deployment behind this handle may have no replica (autoscaling with
+    min_replicas 0); None while the handle's router has not heard its config yet.
+
+    The controller long-polls each deployment's config to every handle's router, so this
+    follows the deployment's own application, even where this one's args do not describe it.
+    Private path, as in running_replicas.
+    """
+    router = _asyncio_router(handle)
+    if router is None:
+        return None
+    config = router._metrics_manager._deployment_config
+    if config is None:
+        return None
+    autoscaling = config.autoscaling_config
+    return autoscaling is not None and autoscaling.min_replicas == 0
+
+
 class ModelRouter:
     """Resolves the `model` of a request to its endpoint; refuses types with no running replica."""
 
@@ -174,9 +199,11 @@ class ModelRouter:
         self,
         handles: Mapping[str, DeploymentHandle],
         created: int,
-        scale_to_zero: frozenset[str] = frozenset(),
+        scale_to_zero: frozenset[str] | None = frozenset(),
         feed_min_streams: int = 0,
     ) -> None:
+        """`scale_to_zero`: the types the config says scale to zero, or None where the config
+        does not describe them (another application deploys them); Serve's word comes first."""
         self.created = created
         self._endpoints = {
             name: ModelEndpoint(name, h, feed_min_streams) for name, h in handles.items()
@@ -205,16 +232,24 @@ class ModelRouter:
         """The endpoint to dispatch to: 404 for an unknown model, 503 when it has no replica.
 
         A type that scales to zero is the exception: there a request is what starts a
-        replica, so it waits for the cold start instead.
+        replica, so it waits for the cold start instead. So does a request while the handle
+        has not heard the replicas or the config of its type.
         """
         endpoint = self.get(model)
-        if model not in self._scale_to_zero:
-            count = running_replicas(endpoint.handle)
-            if count == 0:
-                raise unavailable(model)
-            if count:
-                self._has_served.add(model)
+        count = running_replicas(endpoint.handle)
+        if count == 0 and self._scales_to_zero(model) is False:
+            raise unavailable(model)
+        if count:
+            self._has_served.add(model)
         return endpoint
+
+    def _scales_to_zero(self, model: str) -> bool | None:
+        """Whether a type may have no replica: as Serve says, else as the config says; None
+        while neither knows (a type of another application before its handle heard)."""
+        known = scales_to_zero(self.get(model).handle)
+        if known is not None or self._scale_to_zero is None:
+            return known
+        return model in self._scale_to_zero
 
     async def max_model_len(self, model: str) -> int | None:
         """The context length of a model type; None while it has no replica to ask."""
@@ -234,9 +269,11 @@ class ModelRouter:
         states = {}
         for name, endpoint in self._endpoints.items():
             count = running_replicas(endpoint.handle)
-            if count is None:
+            # A replica runs, or a request would start one; None: Serve has not said yet.
+            serves = None if count is None else count > 0 or self._scales_to_zero(name)
+            if serves is None:
                 states[name] = "unknown"
-            elif count > 0 or name in self._scale_to_zero:
+            elif serves:
                 states[name] = "ready"
                 self._has_served.add(name)
             else:

@@ -64,6 +64,44 @@ def test_separate_model_apps_binds_the_ingress_only_and_looks_each_type_up_by_it
     assert ServiceConfig.model_validate(app_args()).model_type_app("ServiceAi-Fast") is None
 
 
+NAMES = ["ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"]
+
+
+@pytest.mark.parametrize("elsewhere", [{"separate_model_apps": True}, {"models_app": "serviceai"}])
+def test_names_will_do_where_another_application_deploys_the_types(elsewhere):
+    config = ServiceConfig.model_validate(dict(app_args(), model_types=NAMES, **elsewhere))
+    assert [m.name for m in config.model_types] == NAMES
+    # The types' own applications say which scale to zero (Serve tells the ingress's handles).
+    assert config.scale_to_zero_types() is None
+    ingress = build_app(dict(app_args(), model_types=NAMES, **elsewhere))._bound_deployment
+    assert ingress.init_args[1] is None
+
+
+def test_names_and_entries_may_mix_where_another_application_deploys_the_types():
+    args = dict(app_args(), separate_model_apps=True)
+    args["model_types"] = ["ServiceAi-Fast", *args["model_types"][1:]]
+    config = ServiceConfig.model_validate(args)
+    assert [m.name for m in config.model_types] == NAMES
+
+
+def test_names_are_refused_where_this_application_deploys_the_types():
+    with pytest.raises(ValidationError) as info:
+        ServiceConfig.model_validate(dict(app_args(), model_types=NAMES))
+    [error] = info.value.errors()
+    assert error["loc"] == ("model_types",)
+    assert error["msg"] == (
+        "Value error, 'ServiceAi-Fast' is a name only; this application deploys its model types,"
+        " so each needs its whole entry (names only with separate_model_apps or models_app)"
+    )
+
+
+def test_scale_to_zero_types_where_this_application_deploys_them():
+    args = app_args()
+    args["model_types"][2]["autoscaling_config"] = {"min_replicas": 0, "max_replicas": 1}
+    del args["model_types"][2]["num_replicas"]
+    assert ServiceConfig.model_validate(args).scale_to_zero_types() == {"ServiceAi-Coder"}
+
+
 def test_one_place_for_the_models():
     with pytest.raises(ValidationError, match="either models_app or separate_model_apps"):
         ServiceConfig.model_validate(dict(app_args(), models_app="x", separate_model_apps=True))

@@ -2,10 +2,11 @@ from types import SimpleNamespace
 
 import pytest
 from ray.exceptions import RayActorError
+from ray.serve._private.config import DeploymentConfig
 from ray.serve.exceptions import BackPressureError
 
 from app import dispatch
-from app.dispatch import ModelEndpoint, ModelRouter, running_replicas
+from app.dispatch import ModelEndpoint, ModelRouter, running_replicas, scales_to_zero
 from app.errors import ApiError
 from deployments.generation import ContextLengthExceeded, EngineUnavailable, ModelInfo
 
@@ -122,3 +123,49 @@ async def test_model_info_of_a_type_never_reached_is_its_error():
     with pytest.raises(ApiError) as info:
         await ModelEndpoint("ServiceAi-Pro", handle).info()
     assert info.value.status == 503
+
+
+def heard(handle: FakeHandle, config: DeploymentConfig | None) -> FakeHandle:
+    """`handle` with its router's state as Ray 2.60 keeps it once the controller sent `config`."""
+    metrics = SimpleNamespace(_deployment_config=config)
+    handle._router = SimpleNamespace(_asyncio_router=SimpleNamespace(_metrics_manager=metrics))
+    return handle
+
+
+def test_scales_to_zero_is_what_the_controller_told_the_handles_router():
+    assert scales_to_zero(FakeHandle("A")) is None
+    assert scales_to_zero(heard(FakeHandle("A"), None)) is None
+    assert scales_to_zero(heard(FakeHandle("A"), DeploymentConfig(num_replicas=0))) is False
+    to_zero = DeploymentConfig(autoscaling_config={"min_replicas": 0, "max_replicas": 1})
+    assert scales_to_zero(heard(FakeHandle("A"), to_zero)) is True
+    to_one = DeploymentConfig(autoscaling_config={"min_replicas": 1, "max_replicas": 2})
+    assert scales_to_zero(heard(FakeHandle("A"), to_one)) is False
+
+
+def test_types_of_another_application_scale_to_zero_as_serve_says(monkeypatch):
+    monkeypatch.setattr("app.dispatch.running_replicas", lambda h: 0)
+    to_zero = DeploymentConfig(autoscaling_config={"min_replicas": 0, "max_replicas": 1})
+    handles = {"Coder": FakeHandle("Coder"), "Fast": FakeHandle("Fast")}
+    # No config of these types here (the ingress names them only): scale_to_zero is None.
+    router = ModelRouter(handles, created=1, scale_to_zero=None)
+    # Not heard yet: neither refused nor reported as missing.
+    assert router.readiness() == {"Coder": "unknown", "Fast": "unknown"}
+    assert router.resolve("Fast").name == "Fast"
+    heard(handles["Coder"], to_zero)
+    heard(handles["Fast"], DeploymentConfig(autoscaling_config={"min_replicas": 1}))
+    assert router.readiness() == {"Coder": "ready", "Fast": "pending"}
+    assert router.resolve("Coder").name == "Coder"  # a request starts its replica
+    with pytest.raises(ApiError) as info:
+        router.resolve("Fast")
+    assert info.value.code == "model_unavailable"
+
+
+def test_serve_overrules_the_configs_own_scale_to_zero(monkeypatch):
+    monkeypatch.setattr("app.dispatch.running_replicas", lambda h: 0)
+    handle = FakeHandle("Z")
+    router = ModelRouter({"Z": handle}, created=1, scale_to_zero=frozenset({"Z"}))
+    assert router.resolve("Z").name == "Z"  # not heard yet: the config's word
+    heard(handle, DeploymentConfig(num_replicas=1))  # redeployed with a replica always
+    with pytest.raises(ApiError) as info:
+        router.resolve("Z")
+    assert info.value.code == "model_unavailable"

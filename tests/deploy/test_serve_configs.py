@@ -37,11 +37,19 @@ def applications(config: dict) -> dict[str, dict]:
     return {app["name"]: app for app in config["applications"]}
 
 
-def model_types(config: dict) -> list[dict]:
-    """The model type entries the ingress application serves."""
+def ingress_args(config: dict) -> dict:
     apps = config["applications"]
-    ingress_app = next(a for a in apps if a["import_path"] == "app.builder:build_app")
-    return ingress_app["args"]["model_types"]
+    return next(a for a in apps if a["import_path"] == "app.builder:build_app")["args"]
+
+
+def model_types(config: dict) -> list[dict]:
+    """The entry of each model type the ingress serves: the args of the type's own application
+    where it has one (production: the ingress names it only), else the ingress's entry."""
+    args = ingress_args(config)
+    if not args.get("separate_model_apps"):
+        return args["model_types"]
+    apps = applications(config)
+    return [apps[name]["args"] for name in args["model_types"]]
 
 
 def node_type_for(demand: dict[str, float], cluster: dict) -> list[str]:
@@ -77,15 +85,16 @@ def test_production_runs_each_model_type_as_its_own_application(production):
     apps = applications(production)
     assert apps["serviceai"]["args"]["separate_model_apps"] is True
     assert apps["serviceai"]["route_prefix"] == "/"
-    for entry in model_types(production):
-        app = apps[entry["name"]]
+    types = [a for a in production["applications"] if a["name"] != "serviceai"]
+    for app in types:
         assert app["import_path"] == "app.builder:build_model_type"
         assert app["route_prefix"] is None
-        # One definition per type, shared with the ingress through a YAML anchor.
-        assert app["args"] is entry
+        assert app["args"]["name"] == app["name"]
+    # The ingress names the types, nothing more: their entries are their applications' args.
+    assert apps["serviceai"]["args"]["model_types"] == [a["name"] for a in types]
 
 
-def test_a_change_to_one_type_restarts_that_type_and_the_ingress_only(production):
+def test_a_change_to_one_type_restarts_that_type_only(production):
     # Serve gives every deployment of an application the application's code version (import
     # path, runtime_env and args) and restarts them all when it changes.
     def versions(config: dict) -> dict[str, str]:
@@ -98,7 +107,7 @@ def test_a_change_to_one_type_restarts_that_type_and_the_ingress_only(production
     changed = copy.deepcopy(production)
     applications(changed)["ServiceAi-Pro"]["args"]["model"] = "Qwen/Qwen2.5-72B-Instruct-AWQ"
     after = versions(changed)
-    assert {app for app in before if before[app] != after[app]} == {"ServiceAi-Pro", "serviceai"}
+    assert {app for app in before if before[app] != after[app]} == {"ServiceAi-Pro"}
 
 
 def test_production_builds_without_gpus_into_options_ray_accepts(production_deployments):

@@ -22,7 +22,7 @@ def test_ingress_deployed_first_waits_for_its_model_type_application(stack):
     fast = app_args()["model_types"][0]
     edge_args = {
         "ingress": {"num_replicas": 1, "num_cpus": 0.25},
-        "model_types": [fast],
+        "model_types": ["ServiceAi-Fast"],  # as production's ingress: the name only
         "separate_model_apps": True,
         "plans": app_args()["plans"],
     }

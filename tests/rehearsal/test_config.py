@@ -40,9 +40,10 @@ def test_only_what_the_override_names_differs_from_production():
         assert {k: after["args"][k] for k in untouched} == {k: before["args"][k] for k in untouched}
         assert after["args"]["model"] == "tiny"
         assert after["args"]["accelerator_type"] == before["args"]["accelerator_type"]
-    # The ingress's copy of each type is the type's own application's args.
+    # The ingress names the types, as production does; their entries are their own apps' args.
     ingress = rehearsal["applications"][3]["args"]
-    assert ingress["model_types"] == [a["args"] for a in rehearsal["applications"][:3]]
+    assert ingress["model_types"] == [a["name"] for a in rehearsal["applications"][:3]]
+    assert ingress["model_types"] == production["applications"][3]["args"]["model_types"]
     assert ingress["ingress"]["resources"] == production["applications"][3]["args"]["ingress"]["resources"]
 
 
@@ -51,6 +52,8 @@ def test_a_change_for_one_type_leaves_the_others_alone():
     after = rehearsal_config(http_port=1, model_types={"ServiceAi-Coder": {"engine_args": {"max_model_len": 256}}})
     assert after["applications"][2]["args"]["engine_args"] == {"max_model_len": 256}
     assert after["applications"][:2] == before["applications"][:2]
+    # The ingress's args too: Serve would otherwise replace its replicas and their streams.
+    assert after["applications"][3] == before["applications"][3]
 
 
 def test_every_deployment_fits_a_rehearsal_node_with_room_for_a_surge(tmp_path):
