@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import (
@@ -18,7 +19,11 @@ from ray.serve.exceptions import (
     DeploymentUnavailableError,
     ReplicaUnavailableError,
 )
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from ray.serve.handle import (
+    DeploymentHandle,
+    DeploymentResponseGenerator,
+    _DeploymentResponseBase,
+)
 
 from app.errors import ApiError
 from app.feeds import INGRESS_ID, FeedLost, Feeds, StreamParts
@@ -29,6 +34,8 @@ logger = logging.getLogger("ray.serve.serviceai")
 RETRY_AFTER_UNAVAILABLE_S = 5
 RETRY_AFTER_OVERLOADED_S = 1
 INFO_TTL_S = 30.0
+ORPHAN_CHECK_S = 1.0
+_Response = TypeVar("_Response", bound=_DeploymentResponseBase)
 
 
 class ModelEndpoint:
@@ -44,6 +51,10 @@ class ModelEndpoint:
         self._feeds = Feeds(self._streaming, feed_min_streams)
         self._info: ModelInfo | None = None
         self._info_at = 0.0
+        # Calls Serve has not yet given a replica (see refuse_waiting); the router's thread
+        # removes them once assigned or cancelled.
+        self._waiting: set[_DeploymentResponseBase] = set()
+        self._refused: weakref.WeakSet[_DeploymentResponseBase] = weakref.WeakSet()
 
     async def open_stream(
         self, api: str, body: dict
@@ -59,43 +70,101 @@ class ModelEndpoint:
             response = self._streaming.stream.remote(api, body, INGRESS_ID, key)
         else:
             response = self._streaming.stream.remote(api, body)
-        try:
-            first = await response.__anext__()
-        except StopAsyncIteration:
-            raise self.error(EOFError("stream ended before the first token")) from None
-        except BaseException as exc:
-            response.cancel()
-            if isinstance(exc, Exception):
-                raise self.error(exc) from None
-            raise
+        first = await self.first_part(response)
         if feeds.enabled():
             return first, feeds.opened(key, response, first)
         return first, response
 
-    async def reply(self, api: str, body: dict) -> ReplyPart:
-        """The whole reply of a request without `stream`: its JSON body and token counts."""
-        response = self._whole.reply.remote(api, body)
+    def open_responses(self, body: dict, echo: dict) -> DeploymentResponseGenerator:
+        """A call of the replica's Responses API; its parts come with `first_part` and after."""
+        return self._streaming.responses.remote(body, echo)
+
+    async def first_part(self, response: DeploymentResponseGenerator) -> Any:
+        """The first part of a streamed call, so that a refusal is still an HTTP status."""
+        self._track(response)
         try:
-            return await response
-        except asyncio.CancelledError:
-            response.cancel()
-            raise
-        except Exception as exc:
-            raise self.error(exc) from None
+            return await response.__anext__()
+        except StopAsyncIteration:
+            raise self.error(EOFError("stream ended before its first part")) from None
+        except BaseException as exc:
+            raise self._failure(response, exc) from None
+
+    async def reply(self, api: str, body: dict) -> ReplyPart:
+        """The whole reply of a request without `stream`: its JSON body and token counts.
+
+        Until the body comes, the replica sends the counts so far every second or so; if the
+        call fails or this task is cancelled (the client left) first, what is raised carries
+        the last of them as `engine_usage`, the charge (unless the error carries its own).
+        """
+        response = self._streaming.reply.remote(api, body)
+        return await self.whole_part(response, lambda part: bool(part.data))
+
+    async def whole_part(
+        self, response: DeploymentResponseGenerator, is_whole: Callable[[Any], bool]
+    ) -> Any:
+        """The part of a whole reply's call that `is_whole` (chat and completions: its JSON
+        body; the Responses API: its final response), after the parts with the counts so far."""
+        self._track(response)
+        counted = (0, 0)
+        try:
+            async for part in response:
+                if is_whole(part):
+                    return part
+                counted = (part.prompt_tokens, part.completion_tokens)
+            raise EOFError("the reply ended without its body")
+        except BaseException as exc:
+            failure = self._failure(response, exc)
+            if getattr(failure, "engine_usage", (0, 0)) == (0, 0):
+                failure.engine_usage = counted
+            raise failure from None
 
     async def info(self) -> ModelInfo:
         """What the model type's replicas serve (context length, tool parser), asked again
         every `INFO_TTL_S`: a rollout that changes them is seen without restarting the ingress."""
         now = time.monotonic()
         if self._info is None or now - self._info_at > INFO_TTL_S:
+            response = self._track(self._whole.info.remote())
             try:
-                self._info = await self._whole.info.remote()
+                self._info = await response
             except Exception as exc:
                 if self._info is None:
-                    raise self.error(exc) from None
+                    raise self._failure(response, exc) from None
                 # No replica answers now: keep what the last one said until the next try.
             self._info_at = now
         return self._info
+
+    def _track(self, response: _Response) -> _Response:
+        """`response`, known as waiting until Serve gives it a replica (see refuse_waiting)."""
+        waiting = self._waiting
+        waiting.add(response)
+        response._replica_result_future.add_done_callback(lambda _: waiting.discard(response))
+        return response
+
+    @property
+    def has_waiting(self) -> bool:
+        return bool(self._waiting)
+
+    def refuse_waiting(self) -> int:
+        """Refuse the calls that wait for a replica; how many there were.
+
+        Serve's router holds a call until some replica takes it, however long that is: after
+        a lost node, until a node that can host the type is back. Where the type has no
+        replica left and will not start one for a request (it does not scale to zero), those
+        calls get the 503 `model_unavailable` that a request arriving now gets.
+        """
+        refused = list(self._waiting)  # one C call: the router's thread cannot change it meanwhile
+        for response in refused:
+            self._refused.add(response)
+            response.cancel()
+        return len(refused)
+
+    def _failure(self, response: _DeploymentResponseBase, exc: BaseException) -> BaseException:
+        """What to raise for a call that ended in `exc` (a cancel of this task is re-raised);
+        the call is cancelled, if it still runs."""
+        response.cancel()
+        if response in self._refused:
+            return unavailable(self.name)
+        return self.error(exc) if isinstance(exc, Exception) else exc
 
     def error(self, exc: BaseException) -> ApiError:
         """The API error for a failed call to this model type."""
@@ -260,6 +329,24 @@ class ModelRouter:
             return (await endpoint.info()).max_model_len
         except ApiError:
             return None
+
+    def refuse_orphans(self) -> None:
+        """Refuse the calls waiting for a replica of a type that has none left and does not
+        start one for a request (ModelEndpoint.refuse_waiting)."""
+        for name, endpoint in self._endpoints.items():
+            if not endpoint.has_waiting or running_replicas(endpoint.handle) != 0:
+                continue
+            if self._scales_to_zero(name) is False:
+                refused = endpoint.refuse_waiting()
+                logger.warning("%s has no replica left: %d waiting requests refused", name, refused)
+
+    async def refuse_orphans_periodically(self, every_s: float = ORPHAN_CHECK_S) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                self.refuse_orphans()
+            except Exception as exc:  # Ray's private layout moved: say so, keep serving
+                logger.error("Checking for requests without a replica failed: %r", exc)
 
     def readiness(self) -> dict[str, str]:
         """Per type: 'ready' (a replica runs, or it scales to zero and starts on demand),

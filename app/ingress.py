@@ -78,6 +78,9 @@ class Ingress:
         self._gauges = asyncio.get_running_loop().create_task(
             self._in_flight.publish_periodically()
         )
+        self._orphans = asyncio.get_running_loop().create_task(
+            self._router.refuse_orphans_periodically()
+        )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         settings = self._settings
@@ -106,6 +109,8 @@ class Ingress:
         """Serve's graceful shutdown: write the last-used times and usage still in memory."""
         if hasattr(self, "_gauges"):
             self._gauges.cancel()
+        if hasattr(self, "_orphans"):
+            self._orphans.cancel()
         if hasattr(self, "_purge"):
             await self._purge.stop()
         if hasattr(self, "_usage"):

@@ -132,11 +132,6 @@ class Admission:
             charge(limits.storage, limits.slots, self._counters, self._lease, tokens)
         )
 
-    def settle_failed(self, error: BaseException) -> None:
-        """Settle a request that failed: what the engine processed before it failed is charged
-        (the API error of a `GenerationError` carries the counts), else nothing."""
-        self.settle(*getattr(error, "engine_usage", (0, 0)))
-
 
 UNLIMITED = Admission(None, None, {})
 """What a request gets when the limiter's storage is down and the service fails open."""

@@ -73,7 +73,7 @@ async def relay(
     longest = admission.reply_length(model.max_model_len)
     if body.reply_limit is None and longest is not None:
         payload[_reply_field(body)] = longest
-    with charged_on_failure(admission):
+    with charged_on_failure(admission, done):
         if body.stream:
             first, stream = await endpoint.open_stream(api, payload)
         else:
@@ -90,13 +90,18 @@ async def relay(
 
 
 @contextmanager
-def charged_on_failure(admission: Admission) -> Iterator[None]:
-    """A dispatch that fails is charged what the engine processed before it failed, if
-    anything; its error carries the plan's rate-limit headers."""
+def charged_on_failure(admission: Admission, settle: Settle) -> Iterator[None]:
+    """A dispatch that fails, or whose client leaves, is charged what the engine processed
+    before (the error's `engine_usage`), to the limits and the key's usage, if anything; its
+    error carries the plan's rate-limit headers."""
     try:
         yield
     except BaseException as error:
-        admission.settle_failed(error)
+        usage = getattr(error, "engine_usage", (0, 0))
+        if any(usage):
+            settle(*usage)
+        else:
+            admission.settle(0, 0)
         if isinstance(error, ApiError):
             error.headers.update(admission.headers)
         raise

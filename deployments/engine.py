@@ -46,6 +46,8 @@ from deployments.generation import (
 logger = logging.getLogger(__name__)
 
 _STREAM_ERROR = 'data: {"error"'
+PROGRESS_S = 1.0
+"""How often a whole reply's counts so far go to the ingress while the engine works on it."""
 _PROMPT_PARAMS = frozenset({"input_tokens", "input_text"})
 # xgrammar prefixes its errors with a time and a source position: "[00:50:03] <path>:4944: ".
 _GRAMMAR_LOG_PREFIX = re.compile(r"\[\d{2}:\d{2}:\d{2}\] <path>:\d+: ")
@@ -64,6 +66,32 @@ class TokenCount:
 _counting: contextvars.ContextVar[TokenCount] = contextvars.ContextVar("serviceai_tokens")
 
 
+class WholeReply:
+    """A whole reply's one await of the serving layer, run as a task so that the request's
+    token counts so far can go to the ingress meanwhile (what a client who leaves pays)."""
+
+    def __init__(self, call: Awaitable[Any], count: TokenCount) -> None:
+        self._task = asyncio.ensure_future(call)
+        self._count = count
+
+    async def progress(self) -> AsyncIterator[tuple[int, int]]:
+        """(prompt, completion) tokens so far every PROGRESS_S, once the engine has begun,
+        until the call ends."""
+        task, count = self._task, self._count
+        while not task.done():
+            await asyncio.wait((task,), timeout=PROGRESS_S)
+            if not task.done() and count.prompt:
+                yield count.prompt, count.completion
+
+    def result(self) -> Any:
+        return self._task.result()
+
+    def cancel(self) -> None:
+        """If it still runs (its caller left): cancelling vLLM's generator aborts the request."""
+        if not self._task.done():
+            self._task.cancel()
+
+
 class CountingEngineClient:
     """The AsyncLLM the serving layer sees, with `generate` counting tokens per API request.
 
@@ -80,18 +108,27 @@ class CountingEngineClient:
     async def generate(self, prompt: Any, sampling_params: Any, request_id: str, *args: Any,
                        **kwargs: Any) -> AsyncIterator[Any]:
         count = _counting.get(None)
+        kind = getattr(sampling_params, "output_kind", None)
+        whole = count is not None and kind == RequestOutputKind.FINAL_ONLY
+        if whole:
+            # vLLM tells of a whole reply's tokens only at its end. Cumulative outputs say how
+            # far the engine is at every step (what a client who leaves is charged); the
+            # serving layer still gets one output at the end, every choice in it, as FINAL_ONLY
+            # would give (which with n > 1 is every child's last output, merged).
+            sampling_params.output_kind = kind = RequestOutputKind.CUMULATIVE
         generator = self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs)
         if count is None:
             async for output in generator:
                 yield output
             return
-        delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
+        delta = kind == RequestOutputKind.DELTA
         seen: dict[int, int] = {}
-        first = True
+        choices: dict[int, Any] = {}
+        last = None
         async for output in generator:
-            if first:
-                first = False
+            if last is None:
                 count.prompt += len(output.prompt_token_ids or ())
+            last = output
             for choice in output.outputs:
                 tokens = len(choice.token_ids)
                 if delta:
@@ -99,7 +136,13 @@ class CountingEngineClient:
                 else:  # cumulative outputs: add what is new since the last
                     count.completion += tokens - seen.get(choice.index, 0)
                     seen[choice.index] = tokens
-            yield output
+                if whole:
+                    choices[choice.index] = choice
+            if not whole:
+                yield output
+        if whole and last is not None:
+            last.outputs = [choices[i] for i in sorted(choices)]
+            yield last
 
 
 def frontend_args(
@@ -198,7 +241,8 @@ class VllmEngine:
         else:
             raise ValueError(f"unknown api {api!r}")
         schema_param = "response_format" if body.get("response_format") else "tools"
-        async for part in self._reply(create, request, (prompt_param, schema_param), batched):
+        params = (prompt_param, schema_param)
+        async for part in self._reply(create, request, params, batched, not request.stream):
             yield part
 
     def info(self, name: str) -> ModelInfo:
@@ -210,17 +254,31 @@ class VllmEngine:
         request: Any,
         params: tuple[str, str],
         batched: bool,
+        whole: bool,
     ) -> AsyncIterator[ReplyPart]:
+        """The parts of a request (see `serve`); a `whole` reply's body comes in its last part,
+        after a part with the counts so far (and no data) every PROGRESS_S: what the ingress
+        charges if its client leaves, or the call fails, before the end."""
         count = TokenCount()
         _counting.set(count)
+        # A stream's first await returns at once: awaited as it is.
+        reply = WholeReply(create(request), count) if whole else None
         try:
-            result = await create(request)
+            if reply is None:
+                result = await create(request)
+            else:
+                async for prompt, completion in reply.progress():
+                    yield ReplyPart(b"", prompt, completion)
+                result = reply.result()
         except (ValueError, VLLMClientError) as exc:
             raise _charged(_refusal(self._chat.create_error_response(exc), *params), count) from None
         except (EngineDeadError, EngineGenerateError):
             # The engine died under the request: retry shortly, Serve replaces the replica.
             failure = EngineUnavailable("The model engine stopped; the request was not completed.")
             raise _charged(failure, count) from None
+        finally:
+            if reply is not None:
+                reply.cancel()
         if isinstance(result, ErrorResponse):
             raise _charged(_refusal(result, *params), count)
         if not isinstance(result, AsyncIterator):

@@ -12,7 +12,9 @@ from typing import NamedTuple
 
 
 class ReplyPart(NamedTuple):
-    """The whole JSON body of a reply, or the SSE events ready since the last part.
+    """The whole JSON body of a reply, or the SSE events ready since the last part; or, for
+    a whole reply still in the engine, no data: its counts so far (what a client that
+    leaves now is charged).
 
     The token counts are the engine's, for the whole request so far (all choices, all prompts).
     `ended` is set on a stream's last part only: 200, or the status of the error event that

@@ -81,10 +81,13 @@ class ModelServer:
         async for batch in self._feeds.serve(ingress):
             yield batch
 
-    async def reply(self, api: str, body: dict) -> ReplyPart:
-        """A whole request of `api`: one part holding the JSON body."""
+    async def reply(self, api: str, body: dict) -> AsyncIterator[ReplyPart]:
+        """A whole request of `api`: the token counts so far every second or so while the
+        engine works (parts without data), then one part holding the JSON body."""
         async for part in self._engine.serve(api, body):
-            return part
+            yield part
+            if part.data:
+                return
         raise EngineUnavailable("The model engine ended the request without a reply.")
 
     async def responses(self, body: dict, echo: dict) -> AsyncIterator[ResponsePart]:

@@ -12,7 +12,6 @@ objects to what the gateway does with them (`echo`).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,9 +24,9 @@ from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.exceptions import VLLMClientError
 from vllm.renderers.online_renderer import OnlineRenderer
-from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from deployments.engine import CountingEngineClient, TokenCount, WholeReply, _counting
 from deployments.generation import EngineUnavailable, GenerationError, InvalidGenerationRequest
 from deployments.responses_wire import TERMINAL_EVENTS, ResponsePart
 
@@ -37,48 +36,6 @@ logger = logging.getLogger(__name__)
 _VLLM_ONLY = {
     "kv_transfer_params", "ec_transfer_params", "input_messages", "output_messages", "metrics",
 }
-
-
-class _TokenCount:
-    __slots__ = ("prompt", "completion")
-
-    def __init__(self) -> None:
-        self.prompt = 0
-        self.completion = 0
-
-
-_counting: contextvars.ContextVar[_TokenCount] = contextvars.ContextVar("serviceai_resp_tokens")
-
-
-class _CountingEngine:
-    """The AsyncLLM as the serving layer sees it, with `generate` counting the tokens of the
-    API request whose handler set the context variable (every engine request it starts)."""
-
-    def __init__(self, engine: AsyncLLM) -> None:
-        self._engine = engine
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    async def generate(
-        self, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any
-    ) -> AsyncIterator[Any]:
-        count = _counting.get(None)
-        delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
-        seen: dict[int, int] = {}
-        first = True
-        async for output in self._engine.generate(
-            prompt, sampling_params, request_id, *args, **kwargs
-        ):
-            if count is not None:
-                if first:
-                    count.prompt += len(output.prompt_token_ids or ())
-                for choice in output.outputs:
-                    tokens = len(choice.token_ids)
-                    count.completion += tokens if delta else tokens - seen.get(choice.index, 0)
-                    seen[choice.index] = tokens
-            first = False
-            yield output
 
 
 class ResponsesServing:
@@ -92,7 +49,7 @@ class ResponsesServing:
     def build(
         cls, engine: AsyncLLM, served_name: str, tool_call_parser: str | None = None
     ) -> ResponsesServing:
-        client = _CountingEngine(engine)
+        client = CountingEngineClient(engine)
         model_path = engine.model_config.model
         models = OpenAIServingModels(
             engine_client=client,
@@ -142,12 +99,25 @@ class ResponsesServing:
             error.param = "tools"
             raise error
         request = _parse(body)
-        count = _TokenCount()
+        count = TokenCount()
         _counting.set(count)
+        # A whole reply: its counts so far, every second or so, in parts without events or
+        # final, then the response (what the ingress charges if its client leaves first).
+        reply = None
+        if not request.stream:
+            reply = WholeReply(self._serving.create_responses(request), count)
         try:
-            result = await self._serving.create_responses(request)
+            if reply is None:
+                result = await self._serving.create_responses(request)
+            else:
+                async for prompt, completion in reply.progress():
+                    yield ResponsePart(b"", None, prompt, completion)
+                result = reply.result()
         except (ValueError, VLLMClientError) as exc:
             raise _refusal(self._serving.create_error_response(exc)) from None
+        finally:
+            if reply is not None:
+                reply.cancel()
         if isinstance(result, ErrorResponse):
             raise _refusal(result)
         if isinstance(result, ResponsesResponse):
@@ -173,7 +143,7 @@ def _event_json(event: Any, echo: dict[str, Any]) -> bytes:
 
 
 async def _batched(
-    events: AsyncIterator[Any], echo: dict[str, Any], count: _TokenCount
+    events: AsyncIterator[Any], echo: dict[str, Any], count: TokenCount
 ) -> AsyncIterator[ResponsePart]:
     """The stream's events, encoded; each part carries all that arrived since the last one,
     so that a replica that falls behind sends fewer, larger messages (never waits)."""

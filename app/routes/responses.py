@@ -93,11 +93,12 @@ async def create_response(
     longest = admission.reply_length(model.max_model_len)
     if body.max_output_tokens is None and longest is not None:
         replica_body["max_output_tokens"] = longest  # no reply runs past what the plan has left
-    stream = endpoint.handle.options(
-        stream=True, request_serialization="pickle", response_serialization="pickle"
-    ).responses.remote(replica_body, echo)
-    with charged_on_failure(admission):
-        first = await _first_part(endpoint, stream)
+    stream = endpoint.open_responses(replica_body, echo)
+    with charged_on_failure(admission, done):
+        if body.stream:
+            first: ResponsePart = await endpoint.first_part(stream)
+        else:  # parts with the counts so far, then the response
+            first = await endpoint.whole_part(stream, lambda part: part.final is not None)
 
     if body.stream:
         record.first_token(first.prompt_tokens)
@@ -105,10 +106,6 @@ async def create_response(
         events = _relay(stream, endpoint, keep, tally, record)
         return event_stream(events, tally, stream, admission, done)
 
-    if first.final is None:
-        stream.cancel()
-        done(first.prompt_tokens, first.completion_tokens)
-        raise endpoint.error(EOFError("the replica sent no response"))
     done(first.prompt_tokens, first.completion_tokens)
     record.completed(first.prompt_tokens, first.completion_tokens)
     reply = orjson.loads(first.final)
@@ -161,19 +158,6 @@ def _refuse_query(request: Request, *names: str) -> None:
                 param=name,
                 code="unsupported_parameter",
             )
-
-
-async def _first_part(endpoint: ModelEndpoint, stream: DeploymentResponseGenerator) -> ResponsePart:
-    """The first part, so that a refusal by the replica is still an HTTP status."""
-    try:
-        return await stream.__anext__()
-    except StopAsyncIteration:
-        raise endpoint.error(EOFError("stream ended before the first part")) from None
-    except BaseException as exc:
-        stream.cancel()
-        if isinstance(exc, Exception):
-            raise endpoint.error(exc) from None
-        raise
 
 
 async def _relay(

@@ -1,14 +1,17 @@
+import asyncio
 from types import SimpleNamespace
 
 import pytest
 from ray.exceptions import RayActorError
 from ray.serve._private.config import DeploymentConfig
 from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentResponseGenerator
 
 from app import dispatch
 from app.dispatch import ModelEndpoint, ModelRouter, running_replicas, scales_to_zero
 from app.errors import ApiError
-from deployments.generation import ContextLengthExceeded, EngineUnavailable, ModelInfo
+from deployments.generation import ContextLengthExceeded, EngineUnavailable, ModelInfo, ReplyPart
+from tests.app.serve_fakes import serve_response, serve_stream
 
 
 class FakeHandle:
@@ -95,11 +98,66 @@ class InfoHandle(FakeHandle):
         self.calls = 0
         self.info = SimpleNamespace(remote=self._remote)
 
-    async def _remote(self):
+    def _remote(self):
         self.calls += 1
-        if isinstance(self.answer, Exception):
-            raise self.answer
-        return self.answer
+        return serve_response(answer=self.answer)
+
+
+class WaitingHandle(FakeHandle):
+    """A handle whose calls wait for a replica, as Serve's router holds them while the
+    deployment has none: the calls are real Serve responses, never assigned."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.calls: list = []
+        self.reply = SimpleNamespace(remote=lambda *a: self._call(DeploymentResponseGenerator))
+        self.stream = SimpleNamespace(remote=lambda *a: self._call(DeploymentResponseGenerator))
+
+    def _call(self, kind):
+        self.calls.append(serve_response(kind, assigned=False))
+        return self.calls[-1]
+
+
+async def test_calls_waiting_for_a_replica_of_a_type_with_none_left_are_refused_503(monkeypatch):
+    """A lost node: Serve would hold these until a node that can host the type is back."""
+    counts = {"A": 1, "Z": 0}
+    monkeypatch.setattr("app.dispatch.running_replicas", lambda h: counts[h.deployment_name])
+    handles = {n: WaitingHandle(n) for n in counts}
+    router = ModelRouter(handles, created=1, scale_to_zero=frozenset({"Z"}))
+    waiting = [
+        asyncio.create_task(router.get("A").reply("chat", {})),
+        asyncio.create_task(router.get("A").open_stream("chat", {})),
+        asyncio.create_task(router.get("Z").reply("chat", {})),
+    ]
+    await asyncio.sleep(0.01)
+    router.refuse_orphans()  # A still has its replica: nothing is refused
+    await asyncio.sleep(0.01)
+    assert not any(task.done() for task in waiting)
+
+    counts["A"] = 0
+    router.refuse_orphans()
+    for task in waiting[:2]:
+        with pytest.raises(ApiError) as info:
+            await asyncio.wait_for(task, timeout=1)
+        assert (info.value.status, info.value.code) == (503, "model_unavailable")
+        assert info.value.headers["Retry-After"] == "5"
+    assert all(call.cancelled() for call in handles["A"].calls)
+    # A type that scales to zero starts a replica for its waiting calls: they wait on.
+    assert not waiting[2].done() and router.get("Z").has_waiting
+    waiting[2].cancel()
+
+
+async def test_a_caller_that_leaves_cancels_its_call_and_is_no_503(monkeypatch):
+    monkeypatch.setattr("app.dispatch.running_replicas", lambda h: 0)
+    handle = WaitingHandle("A")
+    router = ModelRouter({"A": handle}, created=1)
+    task = asyncio.create_task(router.get("A").reply("chat", {}))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert handle.calls[0].cancelled()
+    assert not router.get("A").has_waiting
 
 
 async def test_model_info_is_asked_again_after_a_while_so_a_rollout_is_seen(monkeypatch):
@@ -169,3 +227,40 @@ def test_serve_overrules_the_configs_own_scale_to_zero(monkeypatch):
     with pytest.raises(ApiError) as info:
         router.resolve("Z")
     assert info.value.code == "model_unavailable"
+
+
+class ReplyHandle(FakeHandle):
+    """A handle whose replica answers a whole reply with `parts` (counts, then the body)."""
+
+    def __init__(self, parts: list, then: BaseException | None = None) -> None:
+        super().__init__("ServiceAi-Pro")
+        self.reply = SimpleNamespace(remote=lambda *a: serve_stream(parts, then))
+
+
+async def test_a_whole_reply_is_its_part_with_data_after_the_counts_so_far():
+    parts = [ReplyPart(b"", 7, 0), ReplyPart(b"", 7, 40), ReplyPart(b'{"id": 1}', 7, 64)]
+    reply = await ModelEndpoint("ServiceAi-Pro", ReplyHandle(parts)).reply("chat", {})
+    assert reply == parts[-1]
+
+
+async def test_a_whole_reply_left_by_its_client_carries_the_last_counts_for_the_charge():
+    handle = ReplyHandle([ReplyPart(b"", 7, 0), ReplyPart(b"", 7, 40)])  # then still at work
+    task = asyncio.create_task(ModelEndpoint("ServiceAi-Pro", handle).reply("chat", {}))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError) as info:
+        await task
+    assert info.value.engine_usage == (7, 40)
+
+
+async def test_a_failed_whole_reply_keeps_the_replicas_own_counts_else_the_last_seen():
+    failure = EngineUnavailable("engine stopped")
+    failure.prompt_tokens, failure.completion_tokens = 7, 52
+    endpoint = ModelEndpoint("ServiceAi-Pro", ReplyHandle([ReplyPart(b"", 7, 40)], failure))
+    with pytest.raises(ApiError) as info:
+        await endpoint.reply("chat", {})
+    assert info.value.status == 503 and info.value.engine_usage == (7, 52)
+    endpoint = ModelEndpoint("ServiceAi-Pro", ReplyHandle([ReplyPart(b"", 7, 40)], RayActorError()))
+    with pytest.raises(ApiError) as info:
+        await endpoint.reply("chat", {})
+    assert info.value.code == "model_unavailable" and info.value.engine_usage == (7, 40)

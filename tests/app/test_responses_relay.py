@@ -23,6 +23,7 @@ from app.usage_meter import UsageMeter
 from deployments.generation import ModelInfo
 from deployments.responses_wire import ResponsePart
 from tests.app.conftest import bearer, shipped_limits
+from tests.app.serve_fakes import assigned, serve_response
 
 FAST = "ServiceAi-Fast"
 
@@ -44,6 +45,7 @@ class Stream:
     def __init__(self, parts: list[ResponsePart]) -> None:
         self._parts = iter(parts)
         self.cancelled = False
+        self._replica_result_future = assigned()
 
     def __aiter__(self) -> AsyncIterator[ResponsePart]:
         return self
@@ -62,10 +64,7 @@ class Info:
     """`handle.info.remote()`: what the replica tells the ingress about its model."""
 
     def remote(self) -> Any:
-        async def info() -> ModelInfo:
-            return ModelInfo(FAST, max_model_len=2048, tool_call_parser="hermes")
-
-        return info()
+        return serve_response(answer=ModelInfo(FAST, max_model_len=2048, tool_call_parser="hermes"))
 
 
 class Replica:

@@ -10,7 +10,14 @@ from types import SimpleNamespace
 
 from vllm.sampling_params import RequestOutputKind
 
-from deployments.engine import CountingEngineClient, TokenCount, _counting, _EventReader
+from deployments import engine as engine_module
+from deployments.engine import (
+    CountingEngineClient,
+    TokenCount,
+    VllmEngine,
+    _counting,
+    _EventReader,
+)
 
 
 def output(prompt: int, *choices: tuple[int, int]):
@@ -136,3 +143,66 @@ async def test_the_batch_with_the_last_event_is_marked_as_the_end():
         marks.append((batch[-1], reader.ended))
     assert marks[0] == ("data: 1\n\n", None)
     assert marks[-1] == ("data: [DONE]\n\n", 200)
+
+
+async def whole_reply_parts(create, monkeypatch, limit: int | None = None) -> list:
+    """The parts `_reply` yields for a whole reply whose serving-layer call is `create`."""
+    monkeypatch.setattr(engine_module, "PROGRESS_S", 0.01)
+    engine = object.__new__(VllmEngine)  # _reply needs no engine: create stands for it
+    parts = []
+    replies = engine._reply(create, None, ("messages", "tools"), True, True)
+    async for part in replies:
+        parts.append(part)
+        if len(parts) == limit:
+            await replies.aclose()
+            break
+    return parts
+
+
+async def test_a_whole_reply_sends_its_counts_while_the_engine_works(monkeypatch):
+    async def create(_):
+        tokens = _counting.get()
+        tokens.prompt = 7
+        for _ in range(5):
+            tokens.completion += 10
+            await asyncio.sleep(0.01)
+        return SimpleNamespace(model_dump_json=lambda: '{"id": "x"}')
+
+    parts = await whole_reply_parts(create, monkeypatch)
+    assert parts[-1] == (b'{"id": "x"}', 7, 50, None, None, False)
+    progress = parts[:-1]
+    assert progress and all(p.data == b"" and p.prompt_tokens == 7 for p in progress)
+    assert [p.completion_tokens for p in progress] == sorted(p.completion_tokens for p in progress)
+
+
+async def test_a_whole_reply_closed_by_its_caller_cancels_the_serving_layers_call(monkeypatch):
+    cancelled = asyncio.Event()
+
+    async def create(_):
+        _counting.get().prompt = 7
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    parts = await whole_reply_parts(create, monkeypatch, limit=1)
+    assert parts == [(b"", 7, 0, None, None, False)]
+    await asyncio.wait_for(cancelled.wait(), timeout=1)
+
+
+async def test_a_whole_reply_is_counted_as_the_engine_goes_and_served_whole_at_the_end():
+    """FINAL_ONLY would say nothing until the end: the engine is asked for cumulative outputs,
+    counted as they come, and the serving layer gets one output with every choice (n = 2:
+    each child's outputs come alone, as vLLM sends cumulative outputs of a parallel request)."""
+    tokens = TokenCount()
+    _counting.set(tokens)
+    params = SimpleNamespace(output_kind=RequestOutputKind.FINAL_ONLY)
+    client = CountingEngineClient(StandInEngine(
+        [output(5, (0, 1)), output(5, (1, 2)), output(5, (0, 3)), output(5, (1, 4))]))
+    served = []
+    async for item in client.generate("p", params, "r"):
+        served.append(item)
+    assert params.output_kind == RequestOutputKind.CUMULATIVE
+    assert (tokens.prompt, tokens.completion) == (5, 7)
+    assert len(served) == 1
+    assert [(c.index, len(c.token_ids)) for c in served[0].outputs] == [(0, 3), (1, 4)]

@@ -118,6 +118,36 @@ def test_a_client_that_leaves_before_the_first_event_frees_its_slot_and_pays(sta
     store.close()
 
 
+@pytest.mark.parametrize("route, body", [
+    ("chat/completions", {"messages": HI, "max_tokens": 2000}),
+    ("responses", {"input": "hi", "max_output_tokens": 2000}),
+])
+def test_a_whole_reply_whose_client_leaves_is_charged_what_the_engine_made(
+    stack, hardened, route, body
+):
+    """Without `stream`, the client that gives up mid-generation frees the engine and pays
+    its prompt and the tokens made until then (up to the last second's: the replica reports
+    a whole reply's counts every second)."""
+    base_url, _ = hardened
+    _, key = new_user(stack)
+    engine = stack.handle(FAST)
+    url = urlsplit(f"{base_url}/{route}")
+    body = json.dumps({"model": FAST, "ignore_eos": True, **body})
+    request = (f"POST {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {key}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}")
+    with socket.create_connection((url.hostname, url.port), timeout=10) as client:
+        client.sendall(request.encode())
+        wait_until(lambda: engine.running_requests.remote().result() == 1, timeout_s=30)
+        time.sleep(1.5)  # the engine works on it; the replica has sent its counts at least once
+        client.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            client.recv(1)  # no reply yet: the client leaves mid-generation
+    wait_until(lambda: engine.running_requests.remote().result() == 0, timeout_s=10)
+    usage = usage_of(base_url, key, expected_requests=1)
+    assert usage["requests"] == 1 and usage["prompt_tokens"] > 0, usage
+    assert 0 < usage["completion_tokens"] < 2000, usage
+
+
 def test_a_body_that_trickles_in_gets_408_and_a_strangers_gets_401_at_once(stack, hardened):
     base_url, _ = hardened
     _, key = new_user(stack)

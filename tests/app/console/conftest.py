@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Callable
+from types import SimpleNamespace
 
 import httpx
 import pytest
+from ray.exceptions import RayActorError
 
 from app.api import create_api
 from app.auth import KeyVerifier
@@ -16,6 +18,7 @@ from app.keystore import KeyStore
 from app.settings import Settings
 from app.usage_meter import UsageMeter
 from tests.app.conftest import shipped_limits
+from tests.app.serve_fakes import serve_response
 
 PASSWORD = "correct horse battery"
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -63,7 +66,11 @@ MODEL_TYPES = ["ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"]
 
 
 class _NoModel:
-    """Stands in for a model type's deployment handle where nothing is generated."""
+    """Stands in for a model type's deployment handle where nothing is generated: no
+    replica answers (the pages that show a context length show none)."""
+
+    def __init__(self) -> None:
+        self.info = SimpleNamespace(remote=lambda: serve_response(answer=RayActorError()))
 
     def options(self, **_: object) -> _NoModel:
         return self
