@@ -183,8 +183,10 @@ async def test_a_type_scales_up_under_concurrent_streams_and_back_down(rehearsal
     async with Load(rehearsal.origin, rehearsal.api_key, {"ServiceAi-Fast": 8}, default_tokens=200,
                     pause_s=0) as load:
         started = time.monotonic()
+        # The new replica starts its engine on two cores that eight streams keep busy: 65.6 s
+        # in one run, 139.3 s (CI) and 178.8 s in others.
         await wait_for_async(lambda: running(rehearsal, "ServiceAi-Fast") == autoscaling["max_replicas"],
-                             timeout_s=180, what="Fast scaled up")
+                             timeout_s=300, what="Fast scaled up")
         rehearsal.figures["autoscale_up_s"] = round(time.monotonic() - started, 1)
     stopped = time.monotonic()
     await wait_for_async(lambda: running(rehearsal, "ServiceAi-Fast") == autoscaling["min_replicas"],
@@ -194,27 +196,42 @@ async def test_a_type_scales_up_under_concurrent_streams_and_back_down(rehearsal
     assert set(load.tally("ServiceAi-Fast")) == {"completed"}, load.tally("ServiceAi-Fast")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "finding, 2026-11-24: streams end with an error event and [DONE] within 0.3 s, but a new "
-    "request right after the loss was held 120 s instead of answered 503 model_unavailable"))
 async def test_a_lost_worker_node_ends_its_streams_and_serves_again_once_back(rehearsal):
     cluster = rehearsal.cluster
     ingress = replica_ids(rehearsal, "Ingress")
     async with httpx.AsyncClient(base_url=rehearsal.origin, headers=rehearsal.headers,
                                  timeout=httpx.Timeout(120, connect=10)) as client:
-        flowing = [asyncio.Event() for _ in range(3)]
-        streams = [asyncio.create_task(stream_chat(client, "ServiceAi-Fast", 2000, event, ignore_eos=True))
-                   for event in flowing]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in flowing)), timeout=60)
+        # The engine must still be generating when the node goes. In one CI run (2026-11-24)
+        # all of eight 2,000-token streams completed although the kill came right after
+        # their first two chunks: the engine had finished before the clients saw them flow.
+        # Eight streams of n=8 are 64 sequences, 16 at a time: tens of seconds of engine
+        # work. The node goes once the first stream flows; the others are streaming or still
+        # wait for the engine (and then get their 503 as a request arriving now would).
+        flowing = asyncio.Event()
+        streams = [asyncio.create_task(stream_chat(client, "ServiceAi-Fast", 2000, flowing,
+                                                   ignore_eos=True, n=8))
+                   for _ in range(8)]
+        await asyncio.wait_for(flowing.wait(), timeout=60)
         lost = time.monotonic()
         await asyncio.to_thread(cluster.kill_node, "gpu_l4")
+        killed = time.monotonic()  # every process of the node is gone
         outcomes = await asyncio.wait_for(asyncio.gather(*streams), timeout=120)
 
+    # A stream the kill cut short ends with an error event and [DONE], never a hang or a
+    # truncated stream; one that had no reply yet is refused like a new request; a stream
+    # may complete only with every token.
+    timing = {"lost": lost, "killed": killed, "outcomes": outcomes}
+    cut = [o for o in outcomes if o.kind == "error_event"]
+    assert cut, timing
     for outcome in outcomes:
-        assert (outcome.status, outcome.kind, outcome.done) == (200, "error_event", True), outcome
-        assert outcome.error_code == "model_unavailable"
+        assert outcome.kind in ("completed", "error_event", "refused_503"), timing
+        if outcome.kind != "completed":
+            assert outcome.error_code == "model_unavailable", timing
+        if outcome.kind == "error_event":
+            assert outcome.done, timing
+    rehearsal.figures["lost_node_streams_cut"] = f"{len(cut)} of {len(outcomes)}"
     rehearsal.figures["lost_node_streams_ended_within_s"] = round(
-        max(o.ended_at for o in outcomes) - lost, 1)
+        max(o.ended_at for o in cut) - lost, 1)
 
     # New requests: 503 model_unavailable with Retry-After while no replica is left.
     def refused() -> httpx.Response | None:
@@ -223,6 +240,8 @@ async def test_a_lost_worker_node_ends_its_streams_and_serves_again_once_back(re
         return response if response.json()["error"]["code"] == "model_unavailable" else None
 
     response = wait_for(refused, timeout_s=60, what="503 model_unavailable")
+    rehearsal.figures["lost_node_new_request_refused_503_within_s"] = round(
+        time.monotonic() - killed, 1)
     assert int(response.headers["retry-after"]) > 0
     assert rehearsal.ready()[1]["model_types"]["ServiceAi-Fast"] == "unavailable"
     assert rehearsal.serves("ServiceAi-Coder") and rehearsal.serves("ServiceAi-Pro")
