@@ -102,9 +102,12 @@ def serving_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def front_end_lines(results: dict[str, Any], concurrencies: list[int]) -> list[str]:
+def front_end_lines(
+    results: dict[str, Any], concurrencies: list[int], per: str = "output token"
+) -> list[str]:
     """CPU per output token of everything on the path but the engine core and its worker:
-    ours (ingress, model replica, Serve's proxy, HAProxy) against bare's api_server."""
+    ours (ingress, model replica, Serve's proxy, HAProxy) against bare's api_server. With
+    one-token replies (the gateway run) that is the CPU per request."""
     cells = []
     for c in concurrencies:
         b, o = results.get(f"bare-c{c}", {}), results.get(f"ours-c{c}", {})
@@ -113,7 +116,7 @@ def front_end_lines(results: dict[str, Any], concurrencies: list[int]) -> list[s
             cells.append(f"c={c} {ours:.0f} vs {bare:.0f} us ({ours / bare:.2f}x)")
     if not cells:
         return []
-    return ["Front-end CPU per output token, ours vs bare's api_server (engine core and worker "
+    return [f"Front-end CPU per {per}, ours vs bare's api_server (engine core and worker "
             "excluded): " + ", ".join(cells) + ".", ""]
 
 
@@ -156,18 +159,34 @@ def gateway_table(summary: dict[str, Any]) -> str:
         f"Gateway benchmark, {summary['date']}: {summary['machine']}",
         *model_line(summary),
         f"One-token replies ({summary['spec']['input_len']} in / 1 out), streamed; the full path "
-        "(auth, limits, routing, SSE) against bare vLLM's own server.",
+        "(auth, limits, routing, SSE) against bare vLLM's own server. Median of "
+        f"{summary['rounds']} alternating rounds; the profiles below are from a round of their "
+        "own, not in the medians.",
         "",
-        "| c | req/s bare | req/s ours | latency p50 bare / ours (ms) | latency p99 bare / ours (ms) |",
-        "|---:|---:|---:|---|---|",
+        "| c | req/s bare | req/s ours | ratio | latency p50 bare / ours (ms) "
+        "| latency p99 bare / ours (ms) |",
+        "|---:|---:|---:|---:|---|---|",
     ]
     for c in _concurrencies(summary):
         b, o = r[f"bare-c{c}"], r[f"ours-c{c}"]
+        ratio = o["request_throughput"] / b["request_throughput"]
         lines.append(
-            f"| {c} | {b['request_throughput']:.1f} | {o['request_throughput']:.1f} | "
+            f"| {c} | {b['request_throughput']:.1f} | {o['request_throughput']:.1f} | {ratio:.2f} | "
             f"{b['median_e2el_ms']:.1f} / {o['median_e2el_ms']:.1f} | "
             f"{b['p99_e2el_ms']:.1f} / {o['p99_e2el_ms']:.1f} |"
         )
+    lines += ["", *front_end_lines(r, _concurrencies(summary), per="request")]
+    others = [name for name in summary.get("contenders", []) if name != "ours"]
+    if others:  # --ray-llm: each against the bare runs of its own phase
+        lines += ["Against Ray Serve LLM (each server against the bare runs of its own phase):", "",
+                  "| c | server | req/s (x bare) | latency p50 / p99 (ms) |", "|---:|---|---:|---|"]
+        for c in _concurrencies(summary):
+            for name in summary["contenders"]:
+                b, o = r[f"{bare_key(name)}-c{c}"], r[f"{name}-c{c}"]
+                lines.append(
+                    f"| {c} | {RAY_LLM_NAMES.get(name, name)} | {o['request_throughput']:.1f} "
+                    f"({o['request_throughput'] / b['request_throughput']:.2f}x) | "
+                    f"{o['median_e2el_ms']:.1f} / {o['p99_e2el_ms']:.1f} |")
     for run, profile in (summary.get("profile") or {}).items():
         lines += ["", f"### Profile of {run}"]
         lines += profile_lines(profile)

@@ -118,14 +118,17 @@ def run_mode(mode: str, spec: dict[str, Any], target: BenchTarget, rounds: int, 
             with start() as contender:
                 print(f"bare vLLM and {contender.name} ready; logs in {raw}", flush=True)
                 for concurrency, prompts in spec["concurrency"].items():
-                    for round_ in range(rounds):
+                    # Profiles come from a round of their own (-1): the sampler slows what it
+                    # samples, so that round's figures are not in the medians.
+                    profiled = ((profile or mode == "gateway") and name == "ours"
+                                and concurrency > 1)
+                    for round_ in range(-1 if profiled else 0, rounds):
                         order = (bare, contender) if round_ % 2 == 0 else (contender, bare)
                         for server in order:
                             key = report.bare_key(name) if server is bare else name
                             out = raw / f"{key}-c{concurrency}-r{round_}.json"
-                            profiling = ((profile or mode == "gateway") and name == "ours"
-                                         and round_ == 0 and concurrency > 1)
-                            counting = cpu and name == "ours" and concurrency > 1
+                            profiling = round_ < 0
+                            counting = cpu and name == "ours" and concurrency > 1 and not profiling
                             pids = ((replica_pids(contender) if server is contender else bare_pids(bare))
                                     if profiling or counting else {})
                             if not profiling:  # counters alone: the front ends, unperturbed
@@ -139,11 +142,13 @@ def run_mode(mode: str, spec: dict[str, Any], target: BenchTarget, rounds: int, 
                                 result["front_end_cpu_s"] = prof.cpu_seconds
                                 front = sum(v for r, v in prof.cpu_seconds.items() if r in FRONT_ENDS)
                                 result["front_end_us_per_token"] = 1e6 * front / result["total_output_tokens"]
-                            runs.setdefault(f"{key}-c{concurrency}", []).append(result)
+                            if not profiling:
+                                runs.setdefault(f"{key}-c{concurrency}", []).append(result)
                             print(f"  c={concurrency:<3} round {round_} {key:18}: "
                                   f"{result['output_throughput']:8.1f} tok/s  "
                                   f"{result['request_throughput']:7.2f} req/s  "
-                                  f"TTFT p50 {result['median_ttft_ms']:7.1f} ms", flush=True)
+                                  f"TTFT p50 {result['median_ttft_ms']:7.1f} ms"
+                                  + ("  (profiled, not counted)" if profiling else ""), flush=True)
     summary = {
         "mode": mode, "date": stamp, "machine": report.machine(), "spec": spec, "rounds": rounds,
         "model": target.model, "engine_args": target.engine_args,
