@@ -158,12 +158,20 @@ def test_three_turns_by_previous_response_id_through_a_second_ingress(stack, cli
     # The replayed history is input: each turn reads everything before it.
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
+    # The history is each turn's input then its output, as returned. A turn's output may be
+    # empty: vLLM's output parser leaves out a message with no text, and random weights can
+    # spend four tokens on ones that decode to nothing (CI, 2026-11-24).
     items = client.responses.input_items.list(third.id, order="asc", limit=100).data
-    assert [item.type for item in items] == ["message"] * 5
-    assert [item.role for item in items] == ["user", "assistant", "user", "assistant", "user"]
-    assert [items[i].content[0].text for i in (0, 2, 4)] == ["one", "two", "three"]
-    assert items[1].content[0].text == first.output_text
-    assert items[3].content[0].text == second.output_text
+    said = [item for item in items if getattr(item, "role", None) == "user"]
+    assert [item.content[0].text for item in said] == ["one", "two", "three"]
+    assert [item.id for item in items] == [
+        said[0].id, *(item.id for item in first.output),
+        said[1].id, *(item.id for item in second.output),
+        said[2].id,
+    ]
+    replies = [item for item in items if getattr(item, "role", None) == "assistant"]
+    assert "".join(part.text for item in replies for part in item.content) == (
+        first.output_text + second.output_text)
 
 
 def test_usage_counts_the_replayed_history_as_the_engine_counted_it(stack):
