@@ -8,6 +8,7 @@ import platform
 import re
 import subprocess
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,6 @@ def bare_key(contender: str) -> str:
 
 def ray_llm_table(summary: dict[str, Any]) -> str:
     """Each contender against the bare vLLM runs of its own phase: who keeps more of bare vLLM."""
-    r = summary["results"]
     lines = [
         f"Against Ray Serve LLM, {summary['date']}: {summary['machine']}",
         *model_line(summary),
@@ -141,16 +141,25 @@ def ray_llm_table(summary: dict[str, Any]) -> str:
         "| c | server | tok/s (x bare) | TTFT p50 (x bare) | TTFT p99 | ITL p50 / p99 |",
         "|---:|---|---:|---:|---:|---|",
     ]
+    for c, server, b, o in _against_bare(summary):
+        lines.append(
+            f"| {c} | {server} | {o['output_throughput']:.0f} "
+            f"({o['output_throughput'] / b['output_throughput']:.2f}x) | "
+            f"{o['median_ttft_ms']:.1f} ({o['median_ttft_ms'] / b['median_ttft_ms']:.2f}x) | "
+            f"{o['p99_ttft_ms']:.1f} | {o['median_itl_ms']:.2f} / {o['p99_itl_ms']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _against_bare(
+    summary: dict[str, Any],
+) -> Iterator[tuple[int, str, dict[str, Any], dict[str, Any]]]:
+    """Each contender's run at each concurrency, with the bare run of its own phase:
+    (c, server name, bare, contender)."""
+    r = summary["results"]
     for c in _concurrencies(summary):
         for name in summary["contenders"]:
-            b, o = r[f"{bare_key(name)}-c{c}"], r[f"{name}-c{c}"]
-            lines.append(
-                f"| {c} | {RAY_LLM_NAMES.get(name, name)} | {o['output_throughput']:.0f} "
-                f"({o['output_throughput'] / b['output_throughput']:.2f}x) | "
-                f"{o['median_ttft_ms']:.1f} ({o['median_ttft_ms'] / b['median_ttft_ms']:.2f}x) | "
-                f"{o['p99_ttft_ms']:.1f} | {o['median_itl_ms']:.2f} / {o['p99_itl_ms']:.1f} |"
-            )
-    return "\n".join(lines) + "\n"
+            yield c, RAY_LLM_NAMES.get(name, name), r[f"{bare_key(name)}-c{c}"], r[f"{name}-c{c}"]
 
 
 def gateway_table(summary: dict[str, Any]) -> str:
@@ -171,7 +180,8 @@ def gateway_table(summary: dict[str, Any]) -> str:
         b, o = r[f"bare-c{c}"], r[f"ours-c{c}"]
         ratio = o["request_throughput"] / b["request_throughput"]
         lines.append(
-            f"| {c} | {b['request_throughput']:.1f} | {o['request_throughput']:.1f} | {ratio:.2f} | "
+            f"| {c} | {b['request_throughput']:.1f} | {o['request_throughput']:.1f} | "
+            f"{ratio:.2f} | "
             f"{b['median_e2el_ms']:.1f} / {o['median_e2el_ms']:.1f} | "
             f"{b['p99_e2el_ms']:.1f} / {o['p99_e2el_ms']:.1f} |"
         )
@@ -180,13 +190,11 @@ def gateway_table(summary: dict[str, Any]) -> str:
     if others:  # --ray-llm: each against the bare runs of its own phase
         lines += ["Against Ray Serve LLM (each server against the bare runs of its own phase):", "",
                   "| c | server | req/s (x bare) | latency p50 / p99 (ms) |", "|---:|---|---:|---|"]
-        for c in _concurrencies(summary):
-            for name in summary["contenders"]:
-                b, o = r[f"{bare_key(name)}-c{c}"], r[f"{name}-c{c}"]
-                lines.append(
-                    f"| {c} | {RAY_LLM_NAMES.get(name, name)} | {o['request_throughput']:.1f} "
-                    f"({o['request_throughput'] / b['request_throughput']:.2f}x) | "
-                    f"{o['median_e2el_ms']:.1f} / {o['p99_e2el_ms']:.1f} |")
+        for c, server, b, o in _against_bare(summary):
+            lines.append(
+                f"| {c} | {server} | {o['request_throughput']:.1f} "
+                f"({o['request_throughput'] / b['request_throughput']:.2f}x) | "
+                f"{o['median_e2el_ms']:.1f} / {o['p99_e2el_ms']:.1f} |")
     for run, profile in (summary.get("profile") or {}).items():
         lines += ["", f"### Profile of {run}"]
         lines += profile_lines(profile)
