@@ -133,6 +133,15 @@ class ModelEndpoint:
             self._info_at = now
         return self._info
 
+    async def prompt_tokens(self, api: str, body: dict) -> int:
+        """The prompt's length as a replica renders it for generation, nothing generated;
+        a prompt the replica would refuse (beyond the context, say) is its `ApiError`."""
+        response = self._track(self._whole.prompt_tokens.remote(api, body))
+        try:
+            return await response
+        except BaseException as exc:
+            raise self._failure(response, exc) from None
+
     def _track(self, response: _Response) -> _Response:
         """`response`, known as waiting until Serve gives it a replica (see refuse_waiting)."""
         waiting = self._waiting

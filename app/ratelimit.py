@@ -241,6 +241,17 @@ class RateLimits:
         reply_cap = min(token_window.remaining, daily_window.remaining) // choices
         return Admission(self, counters, headers, lease=lease, reply_cap=reply_cap)
 
+    async def has_requests_left(self, caller: Caller, model_type: str) -> bool:
+        """Whether the caller's request window on `model_type` has room, read without
+        counting anything; True where the storage cannot say (admission decides then)."""
+        limits = self.plan_limits(caller.plan).on(model_type)
+        key = self._counters(caller, model_type, limits).requests_key()
+        try:
+            used = await self.storage.get(key)
+        except Exception:
+            return True
+        return used < limits.requests_per_minute
+
     def count_refused(self, caller: Caller, model: object) -> None:
         """Count a request refused for its body against the caller's request rate: on the
         model type it named, or on every type of its plan when it named none of them."""

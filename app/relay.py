@@ -1,7 +1,7 @@
 """One request through the gateway to a model type and its reply back, encoded once.
 
-Checks what can be decided here (fields, context, the plan) before any counter is touched,
-admits the request against the plan's limits, dispatches it, and relays the replica's bytes:
+Checks what can be decided here (fields, context, the plan, a long prompt's length as a
+replica measures it) before any counter is touched, admits the request against the plan's limits, dispatches it, and relays the replica's bytes:
 the JSON body, or the SSE events batched as the replica sent them. Usage and limits are
 charged with the engine's token counts that travel beside those bytes.
 """
@@ -26,6 +26,8 @@ from app.sse import DONE_EVENT, EventStream, error_event
 from deployments.generation import ModelInfo, ReplyPart
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+PROMPT_BYTES_BOUND = 2
+"""Most tokens a rendered prompt may have per byte of its request body (check_prompt_length)."""
 PartStream = DeploymentResponseGenerator | StreamParts
 """A stream's parts after its first: from its own call, or from a feed (app.feeds)."""
 Settle = Callable[[int, int], None]
@@ -59,6 +61,8 @@ async def relay(
     check_against_model(body, model)
     limits: RateLimits = request.app.state.limits
     limits.check_fits(caller, endpoint.name, reply_tokens)
+    payload = body.to_engine()
+    await check_prompt_length(request, caller, endpoint, model, api, payload)
     admission = await limits.admit(caller, endpoint.name, reply_tokens, choices=_choices(body))
     record.sent_to(endpoint.name, bool(body.stream))
 
@@ -69,7 +73,6 @@ async def relay(
             caller.key_id, endpoint.name, prompt_tokens, completion_tokens
         )
 
-    payload = body.to_engine()
     longest = admission.reply_length(model.max_model_len)
     if body.reply_limit is None and longest is not None:
         payload[_reply_field(body)] = longest
@@ -158,6 +161,39 @@ def check_against_model(body: GenerationFields, model: ModelInfo) -> None:
             param="reasoning_effort",
             code="unsupported_parameter",
         )
+
+
+async def check_prompt_length(
+    request: Request,
+    caller: Caller,
+    endpoint: ModelEndpoint,
+    model: ModelInfo,
+    api: str,
+    payload: dict,
+) -> None:
+    """Refuse a prompt beyond the model's context before any rate-limit counter moves.
+
+    Only a replica's tokenizer knows a prompt's length, so only a body that may hold one that
+    long is measured there (rendered as for generation, nothing generated): a token covers at
+    least one byte of what the template renders, and a template's JSON of the tools adds at
+    most a byte per byte of the body's, so a body of `n` bytes renders to fewer than
+    `PROMPT_BYTES_BOUND * n` tokens plus the template's own. A shorter body goes straight on,
+    and the replica still checks every prompt it generates for. The refusal counts against
+    the caller's request rate as any refused body does (a replica rendered it); a caller with
+    no request left this minute gets admission's 429 without a replica's work.
+    """
+    size = len(await request.body())
+    if PROMPT_BYTES_BOUND * size + model.template_tokens < model.max_model_len:
+        return
+    limits: RateLimits = request.app.state.limits
+    if not await limits.has_requests_left(caller, endpoint.name):
+        return
+    try:
+        await endpoint.prompt_tokens(api, payload)
+    except ApiError as error:
+        if error.status < 500:
+            limits.count_refused(caller, endpoint.name)
+        raise
 
 
 def _choice_name(choice: object) -> str:

@@ -29,6 +29,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.exceptions import VLLMClientError
+from vllm.renderers.inputs.preprocess import extract_prompt_len
 from vllm.sampling_params import RequestOutputKind
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -49,6 +50,13 @@ _STREAM_ERROR = 'data: {"error"'
 PROGRESS_S = 1.0
 """How often a whole reply's counts so far go to the ingress while the engine works on it."""
 _PROMPT_PARAMS = frozenset({"input_tokens", "input_text"})
+TEMPLATE_PROBE: dict[str, Any] = {
+    "messages": [{"role": "user", "content": ""}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    "tool_choice": "none",  # the tools are rendered all the same; no parser needed
+}
+"""A conversation with no text of its own: its tokens are what the chat template adds by
+itself (a default system prompt, the tool-calling preamble, the generation prompt)."""
 # xgrammar prefixes its errors with a time and a source position: "[00:50:03] <path>:4944: ".
 _GRAMMAR_LOG_PREFIX = re.compile(r"\[\d{2}:\d{2}:\d{2}\] <path>:\d+: ")
 
@@ -188,6 +196,7 @@ class VllmEngine:
         self.tool_call_parser = tool_call_parser
         self.reasoning_parser = reasoning_parser
         self.max_model_len: int = engine.model_config.max_model_len
+        self.template_tokens = 0
 
     @classmethod
     async def start(
@@ -224,7 +233,14 @@ class VllmEngine:
         )
         # vLLM's error path reads the uvicorn server its own launcher would have set.
         state.server = argparse.Namespace(should_exit=False)
-        return cls(engine, state, tool_call_parser, reasoning_parser)
+        served = cls(engine, state, tool_call_parser, reasoning_parser)
+        try:
+            served.template_tokens = await served.prompt_tokens("chat", TEMPLATE_PROBE)
+        except GenerationError as exc:
+            # Unknown: the ingress then measures every prompt before admitting it.
+            logger.warning("The chat template's own length is unknown (%s)", exc.message)
+            served.template_tokens = served.max_model_len
+        return served
 
     async def serve(
         self, api: str, body: dict[str, Any], *, batched: bool = True
@@ -232,21 +248,39 @@ class VllmEngine:
         """A request of `api` ("chat" or "completion"): one part with the whole JSON body,
         or (with `stream`) batches of SSE events; one event per part unless `batched` (a
         feed batches across requests instead)."""
-        if api == "chat":
-            request = _parse(ChatCompletionRequest, body)
-            create, prompt_param = self._chat.create_chat_completion, "messages"
-        elif api == "completion":
-            request = _parse(CompletionRequest, body)
-            create, prompt_param = self._completion.create_completion, "prompt"
-        else:
-            raise ValueError(f"unknown api {api!r}")
-        schema_param = "response_format" if body.get("response_format") else "tools"
-        params = (prompt_param, schema_param)
+        request, params = _request_of(api, body)
+        create = (
+            self._chat.create_chat_completion if api == "chat"
+            else self._completion.create_completion
+        )
         async for part in self._reply(create, request, params, batched, not request.stream):
             yield part
 
     def info(self, name: str) -> ModelInfo:
-        return ModelInfo(name, self.max_model_len, self.tool_call_parser, self.reasoning_parser)
+        return ModelInfo(
+            name,
+            self.max_model_len,
+            self.tool_call_parser,
+            self.reasoning_parser,
+            self.template_tokens,
+        )
+
+    async def prompt_tokens(self, api: str, body: dict[str, Any]) -> int:
+        """The prompt's tokens as the serving layer renders them for generation (the longest
+        prompt of a completion request), without generating: raises the `GenerationError`
+        generation would, a prompt beyond the context included."""
+        request, params = _request_of(api, body)
+        try:
+            if api == "chat":
+                rendered = await self._chat.render_chat_request(request)
+            else:
+                rendered = await self._completion.render_completion_request(request)
+        except (ValueError, VLLMClientError) as exc:
+            raise _refusal(self._chat.create_error_response(exc), *params) from None
+        if isinstance(rendered, ErrorResponse):
+            raise _refusal(rendered, *params)
+        inputs = rendered[1] if api == "chat" else rendered
+        return max(extract_prompt_len(self._engine.model_config, i) for i in inputs)
 
     async def _reply(
         self,
@@ -337,6 +371,18 @@ def _for_this_platform(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
         "VLLM_CPU_OMP_THREADS_BIND", "|".join(",".join(map(str, s)) for s in per_shard)
     )
     return {**engine_kwargs, "distributed_executor_backend": "mp"}
+
+
+def _request_of(api: str, body: dict[str, Any]) -> tuple[Any, tuple[str, str]]:
+    """The serving layer's request for `api` ("chat" or "completion"), and the fields its
+    errors name: the prompt's, and the schema's."""
+    if api == "chat":
+        request, prompt_param = _parse(ChatCompletionRequest, body), "messages"
+    elif api == "completion":
+        request, prompt_param = _parse(CompletionRequest, body), "prompt"
+    else:
+        raise ValueError(f"unknown api {api!r}")
+    return request, (prompt_param, "response_format" if body.get("response_format") else "tools")
 
 
 def _parse(model: type[Any], body: dict[str, Any]) -> Any:

@@ -39,6 +39,9 @@ class ModelInfo(NamedTuple):
     max_model_len: int
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    template_tokens: int = 0
+    """The tokens the chat template adds to a conversation with no text (see
+    app.relay.check_prompt_length)."""
 
 
 class GenerationError(Exception):

@@ -104,6 +104,11 @@ class ModelServer:
     async def info(self) -> ModelInfo:
         return self._engine.info(self._name)
 
+    async def prompt_tokens(self, api: str, body: dict) -> int:
+        """The prompt's length in tokens, rendered and checked as for generation, without
+        generating: the ingress asks before it admits a long prompt."""
+        return await self._engine.prompt_tokens(api, body)
+
     async def running_requests(self) -> int:
         """Requests the engine still holds; tests use it to prove that aborts free the engine."""
         return self._engine.running_requests()

@@ -264,3 +264,29 @@ async def test_a_failed_whole_reply_keeps_the_replicas_own_counts_else_the_last_
     with pytest.raises(ApiError) as info:
         await endpoint.reply("chat", {})
     assert info.value.code == "model_unavailable" and info.value.engine_usage == (7, 40)
+
+
+class MeasuringHandle(FakeHandle):
+    """A handle whose replicas answer `prompt_tokens` with what the test sets (or raise it)."""
+
+    def __init__(self, answer: object) -> None:
+        super().__init__("ServiceAi-Fast")
+        self.asked: list[tuple] = []
+        self.prompt_tokens = SimpleNamespace(remote=self._remote)
+        self.answer = answer
+
+    def _remote(self, *args):
+        self.asked.append(args)
+        return serve_response(answer=self.answer)
+
+
+async def test_a_replica_measures_a_prompt_or_refuses_it_as_generation_would():
+    measured = ModelEndpoint("ServiceAi-Fast", MeasuringHandle(612))
+    assert await measured.prompt_tokens("chat", {"messages": []}) == 612
+    assert measured.handle.asked == [("chat", {"messages": []})]
+    refused = ModelEndpoint("ServiceAi-Fast", MeasuringHandle(ContextLengthExceeded("too long")))
+    with pytest.raises(ApiError) as error:
+        await refused.prompt_tokens("completion", {"prompt": "x"})
+    assert (error.value.status, error.value.code) == (400, "context_length_exceeded")
+    await asyncio.sleep(0)  # the assignment's callbacks run on the loop's next turn
+    assert not refused.has_waiting

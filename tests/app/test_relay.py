@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 
 from app.errors import ApiError
 from app.protocol import ChatCompletionRequest, CompletionRequest
 from app.observability.metrics import InFlight
 from app.observability.request_record import CLIENT_CLOSED, RequestRecord
-from app.relay import Tally, _events, check_against_model
+from app.relay import PROMPT_BYTES_BOUND, Tally, _events, check_against_model, check_prompt_length
 from deployments.generation import ModelInfo, ReplyPart
 from tests.app.test_ratelimit import FAST, PRO, caller, limits  # noqa: F401 (fixture)
 
@@ -63,6 +66,86 @@ async def test_a_reply_larger_than_the_whole_plan_is_429_without_retry(limits): 
     assert info.value.headers == {"x-should-retry": "false"}
     limits.check_fits(caller(), PRO, tokens_per_minute)
     limits.check_fits(caller(), FAST, None)
+
+
+class _Replica:
+    """A model type's endpoint as check_prompt_length calls it: the prompts it was asked to
+    measure, and the refusal (if any) its renderer answers with."""
+
+    name = FAST
+
+    def __init__(self, refusal: ApiError | None = None) -> None:
+        self.refusal = refusal
+        self.asked: list[tuple[str, dict]] = []
+
+    async def prompt_tokens(self, api: str, body: dict) -> int:
+        self.asked.append((api, body))
+        if self.refusal is not None:
+            raise self.refusal
+        return 10
+
+
+def _request(limits, size: int) -> SimpleNamespace:  # noqa: F811
+    async def body() -> bytes:
+        return b"x" * size
+
+    return SimpleNamespace(body=body, app=SimpleNamespace(state=SimpleNamespace(limits=limits)))
+
+
+BEYOND = ApiError(400, "This model's maximum context length is 2048 tokens.",
+                  param="messages", code="context_length_exceeded")
+SHORTEST_MEASURED = -(-(2048 - 134) // PROMPT_BYTES_BOUND)  # bytes, with 134 template tokens
+
+
+async def requests_used(limits, who) -> int:  # noqa: F811
+    key = limits._counters(who, FAST, limits.plan_limits(who.plan).on(FAST)).requests_key()
+    await asyncio.sleep(0.05)  # count_refused writes off the response path
+    return await limits.storage.get(key)
+
+
+async def test_a_body_too_short_to_overflow_goes_straight_on(limits):  # noqa: F811
+    replica, who = _Replica(BEYOND), caller()
+    info = ModelInfo(FAST, 2048, "hermes", None, 134)
+    await check_prompt_length(_request(limits, SHORTEST_MEASURED - 1), who, replica, info,
+                              "chat", {})
+    assert replica.asked == [] and await requests_used(limits, who) == 0
+
+
+async def test_a_long_prompt_beyond_the_context_is_refused_before_admission(limits):  # noqa: F811
+    replica, who = _Replica(BEYOND), caller()
+    info = ModelInfo(FAST, 2048, "hermes", None, 134)
+    for _ in range(3):
+        with pytest.raises(ApiError) as refused:
+            await check_prompt_length(_request(limits, SHORTEST_MEASURED), who, replica, info,
+                                      "chat", {"messages": HI})
+        assert refused.value is BEYOND
+    assert replica.asked == [("chat", {"messages": HI})] * 3
+    # Counted as a refused body (a replica rendered it), and no concurrency slot was taken.
+    assert await requests_used(limits, who) == 3
+    admission = await limits.admit(who, FAST, None)
+    assert admission.headers["x-ratelimit-remaining-requests"] == str(
+        limits.plan_limits(who.plan).on(FAST).requests_per_minute - 4)
+
+
+async def test_a_long_prompt_that_fits_is_admitted_as_usual(limits):  # noqa: F811
+    replica, who = _Replica(), caller()
+    await check_prompt_length(_request(limits, 4000), who, replica, WITH_PARSER, "completion",
+                              {"prompt": "p"})
+    assert replica.asked == [("completion", {"prompt": "p"})]
+    assert await requests_used(limits, who) == 0
+
+
+async def test_a_caller_without_requests_left_gets_admissions_429_not_a_replicas_work(limits):  # noqa: F811
+    replica, who = _Replica(BEYOND), caller()
+    per_minute = limits.plan_limits(who.plan).on(FAST).requests_per_minute
+    for _ in range(per_minute):
+        limits.count_refused(who, FAST)
+    assert await requests_used(limits, who) == per_minute
+    await check_prompt_length(_request(limits, 4000), who, replica, WITH_PARSER, "chat", {})
+    assert replica.asked == []
+    with pytest.raises(ApiError) as refused:
+        await limits.admit(who, FAST, None)
+    assert refused.value.status == 429
 
 
 class _Parts:

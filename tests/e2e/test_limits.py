@@ -212,6 +212,35 @@ def test_a_spent_daily_quota_stops_the_clients_retries(stack):
         assert attempts[-1] == 429 and attempts.count(429) == 1  # not retried
 
 
+def test_a_prompt_beyond_the_context_is_400_whatever_the_counters_say(stack):
+    """Decided before admission: a spent quota does not turn it into a 429 that a client
+    would wait on (issue 14), and a prompt that fits still gets that 429."""
+    tiny_quota = {"requests_per_minute": 100, "tokens_per_minute": 100000,
+                  "concurrent_requests": 10, "tokens_per_day": 20}
+    plans = dict(app_args()["plans"], tiny={t: tiny_quota for t in app_args()["plans"]["free"]})
+    _, key = new_user(stack, plan="tiny")
+    long_text = "The quick brown fox jumps over the lazy dog. " * 400  # > 2048 tokens
+    with ingress_app(stack, "beyond", plans=plans) as base_url:
+        http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"},
+                            timeout=60)
+        spend = {"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 4, "ignore_eos": True}
+        assert http.post("/chat/completions", json=spend).status_code == 200  # ~20 tokens
+        spent = error_of(http.post("/chat/completions", json=spend), 429)
+        assert spent["code"] == "insufficient_quota"
+        for stream in (False, True):
+            for model in ("ServiceAi-Fast", "ServiceAi-Coder"):
+                beyond = {"model": model, "stream": stream,
+                          "messages": [{"role": "user", "content": long_text}]}
+                error = error_of(http.post("/chat/completions", json=beyond), 400)
+                assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
+                assert "maximum context length is 2048 tokens" in error["message"]
+            beyond = {"model": "ServiceAi-Fast", "stream": stream, "prompt": long_text}
+            error = error_of(http.post("/completions", json=beyond), 400)
+            assert (error["code"], error["param"]) == ("context_length_exceeded", "prompt")
+        fits = {"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": long_text[:3000]}]}
+        assert error_of(http.post("/chat/completions", json=fits), 429)["code"] == "insufficient_quota"
+
+
 @pytest.fixture
 def redis_prefix() -> Iterator[str]:
     prefix = f"sai-e2e-{secrets.token_hex(4)}"
