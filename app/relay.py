@@ -1,9 +1,10 @@
 """One request through the gateway to a model type and its reply back, encoded once.
 
 Checks what can be decided here (fields, context, the plan, a long prompt's length as a
-replica measures it) before any counter is touched, admits the request against the plan's limits, dispatches it, and relays the replica's bytes:
-the JSON body, or the SSE events batched as the replica sent them. Usage and limits are
-charged with the engine's token counts that travel beside those bytes.
+replica measures it) before any counter is touched, admits the request against the plan's
+limits, dispatches it, and relays the replica's bytes: the JSON body, or the SSE events batched
+as the replica sent them. Usage and limits are charged with the engine's token counts that
+travel beside those bytes.
 """
 
 from __future__ import annotations
