@@ -138,17 +138,28 @@ def ray_llm_table(summary: dict[str, Any]) -> str:
         "Each server alternates with the same bare vLLM server in its own phase; ratios are to "
         f"the bare runs of that phase (median of {summary['rounds']} rounds). Times in ms.",
         "",
-        "| c | server | tok/s (x bare) | TTFT p50 (x bare) | TTFT p99 | ITL p50 / p99 |",
-        "|---:|---|---:|---:|---:|---|",
+        "| c | server | tok/s (x bare) | TTFT p50 (x bare) | TTFT p99 | ITL p50 / p99 "
+        "| front-end CPU per token, us (x bare) |",
+        "|---:|---|---:|---:|---:|---|---:|",
     ]
     for c, server, b, o in _against_bare(summary):
         lines.append(
             f"| {c} | {server} | {o['output_throughput']:.0f} "
             f"({o['output_throughput'] / b['output_throughput']:.2f}x) | "
             f"{o['median_ttft_ms']:.1f} ({o['median_ttft_ms'] / b['median_ttft_ms']:.2f}x) | "
-            f"{o['p99_ttft_ms']:.1f} | {o['median_itl_ms']:.2f} / {o['p99_itl_ms']:.1f} |"
+            f"{o['p99_ttft_ms']:.1f} | {o['median_itl_ms']:.2f} / {o['p99_itl_ms']:.1f} | "
+            f"{_cpu_cell(b, o)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _cpu_cell(bare: dict[str, Any], contender: dict[str, Any]) -> str:
+    """A contender's front-end CPU per output token (per request in a gateway run) and its ratio
+    to bare's api_server in the same phase; "-" where the run did not read the counters (c=1)."""
+    if "front_end_us_per_token" not in bare or "front_end_us_per_token" not in contender:
+        return "-"
+    ours, theirs = contender["front_end_us_per_token"], bare["front_end_us_per_token"]
+    return f"{ours:.0f} ({ours / theirs:.2f}x)"
 
 
 def _against_bare(
@@ -189,12 +200,13 @@ def gateway_table(summary: dict[str, Any]) -> str:
     others = [name for name in summary.get("contenders", []) if name != "ours"]
     if others:  # --ray-llm: each against the bare runs of its own phase
         lines += ["Against Ray Serve LLM (each server against the bare runs of its own phase):", "",
-                  "| c | server | req/s (x bare) | latency p50 / p99 (ms) |", "|---:|---|---:|---|"]
+                  "| c | server | req/s (x bare) | latency p50 / p99 (ms) "
+                  "| front-end CPU per request, us (x bare) |", "|---:|---|---:|---|---:|"]
         for c, server, b, o in _against_bare(summary):
             lines.append(
                 f"| {c} | {server} | {o['request_throughput']:.1f} "
                 f"({o['request_throughput'] / b['request_throughput']:.2f}x) | "
-                f"{o['median_e2el_ms']:.1f} / {o['p99_e2el_ms']:.1f} |")
+                f"{o['median_e2el_ms']:.1f} / {o['p99_e2el_ms']:.1f} | {_cpu_cell(b, o)} |")
     for run, profile in (summary.get("profile") or {}).items():
         lines += ["", f"### Profile of {run}"]
         lines += profile_lines(profile)

@@ -128,7 +128,7 @@ def run_mode(mode: str, spec: dict[str, Any], target: BenchTarget, rounds: int, 
                             key = report.bare_key(name) if server is bare else name
                             out = raw / f"{key}-c{concurrency}-r{round_}.json"
                             profiling = round_ < 0
-                            counting = cpu and name == "ours" and concurrency > 1 and not profiling
+                            counting = cpu and concurrency > 1 and not profiling
                             pids = ((replica_pids(contender) if server is contender else bare_pids(bare))
                                     if profiling or counting else {})
                             if not profiling:  # counters alone: the front ends, unperturbed

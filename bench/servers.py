@@ -315,24 +315,27 @@ def bare_pids(server: Server) -> dict[str, int]:
 
 
 def replica_pids(server: Server) -> dict[str, int]:
-    """Pids of a ServiceAi server's Ray processes by role (ingress, model, proxy), for profiling."""
-    roles = {
-        "ingress": "ray::ServeReplica:serviceai:Ingress",
-        "model": f"ray::ServeReplica:serviceai:{BENCH_TYPE}",
-        "proxy": "ray::ProxyActor",
-    }
+    """Pids of a Serve server's Ray processes by role, for profiling: this service's or Ray Serve
+    LLM's. The Serve replica whose children hold vLLM's engine core is "model", another replica
+    (an ingress: this service's, or Ray Serve LLM's OpenAI ingress in its default mode) is
+    "ingress"; Serve's proxy and HAProxy where they run."""
     found: dict[str, int] = {}
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        for role, title in roles.items():
-            if cmdline.startswith(title) and server.ray_dir and _uses(proc.parent(), server.ray_dir):
-                found[role] = proc.pid
-    for child in _descendants(found.get("model", -1)):
-        if "EngineCore" in child.name():
-            found["engine_core"] = child.pid
-    for proc in psutil.process_iter(["cmdline"]):
-        if " ".join(proc.info["cmdline"] or []).startswith("ray::HAProxyManager") and server.ray_dir \
-                and _uses(proc.parent(), server.ray_dir):
+        if not (server.ray_dir and cmdline.startswith("ray::")
+                and _uses(proc.parent(), server.ray_dir)):
+            continue
+        if cmdline.startswith("ray::ServeReplica:"):
+            engines = [c for c in _descendants(proc.pid) if "EngineCore" in c.name()]
+            role = "model" if engines else "ingress"
+            if role in found:
+                raise RuntimeError(f"{server.name} runs two {role} replicas; the bench expects one")
+            found[role] = proc.pid
+            if engines:
+                found["engine_core"] = engines[0].pid
+        elif cmdline.startswith("ray::ProxyActor"):
+            found["proxy"] = proc.pid
+        elif cmdline.startswith("ray::HAProxyManager"):
             for child in _descendants(proc.pid):
                 if child.name() == "haproxy":
                     found["haproxy"] = child.pid
