@@ -22,6 +22,7 @@ from app.observability.metrics import InFlight
 from app.periodic import PeriodicFlush
 from app.settings import get_settings
 from app.usage_meter import UsageMeter
+from deployments.garbage_collection import collect_less_often
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -34,6 +35,7 @@ class Ingress:
     async def __init__(
         self, config: ServiceConfig, models: dict[str, DeploymentHandle] | None
     ) -> None:
+        collect_less_often()
         self._settings = settings = get_settings()
         require_shared_secret(settings, config.ingress.most_replicas())
         if models is None:

@@ -12,6 +12,7 @@ from ray.serve import Application
 
 from deployments.config import TINY_MODEL, ModelTypeConfig, tiny_model_dir
 from deployments.feeds import FeedHub, FeedItem
+from deployments.garbage_collection import collect_less_often
 from deployments.generation import EngineUnavailable, ModelInfo, ReplyPart
 from deployments.responses_wire import ResponsePart
 
@@ -28,6 +29,7 @@ class ModelServer:
     async def __init__(self, config: ModelTypeConfig, feeds: bool = True) -> None:
         from deployments.engine import VllmEngine
 
+        collect_less_often()
         self._name = config.name
         model = config.resolved_model()
         if model == TINY_MODEL:
