@@ -3,8 +3,9 @@
 CPython collects its youngest generation every 700 net allocations of container objects, and
 the middle one every tenth time. A replica allocates thousands of them per request (ASGI
 scopes, pydantic models, Serve's and Ray's messages) and almost none become cyclic garbage:
-at that pace the ingress spent ~10% of its CPU under load in the collector, most of it in
-middle-generation passes of ~4 ms each (bench/NOTES.md, "The garbage collector's pace").
+at that pace the ingress spent ~10% of its CPU under load in the collector, as much in
+middle-generation passes of ~4 ms each as in the youngest ones (bench/NOTES.md, "The garbage
+collector's pace").
 Serve freezes what start-up created (`RAY_SERVE_FREEZE_GC_ON_STARTUP`, on in the
 throughput-optimized runtime), so a rarer collection still scans only what requests left.
 """
