@@ -309,7 +309,7 @@ def bare_pids(server: Server) -> dict[str, int]:
     assert server.pid is not None
     found = {"api_server": server.pid}
     for child in _descendants(server.pid):
-        if "EngineCore" in child.name():
+        if _is_engine_core(child):
             found["engine_core"] = child.pid
     return found
 
@@ -326,7 +326,7 @@ def replica_pids(server: Server) -> dict[str, int]:
                 and _uses(proc.parent(), server.ray_dir)):
             continue
         if cmdline.startswith("ray::ServeReplica:"):
-            engines = [c for c in _descendants(proc.pid) if "EngineCore" in c.name()]
+            engines = [c for c in _descendants(proc.pid) if _is_engine_core(c)]
             role = "model" if engines else "ingress"
             if role in found:
                 raise RuntimeError(f"{server.name} runs two {role} replicas; the bench expects one")
@@ -340,6 +340,15 @@ def replica_pids(server: Server) -> dict[str, int]:
                 if child.name() == "haproxy":
                     found["haproxy"] = child.pid
     return found
+
+
+def _is_engine_core(process: psutil.Process) -> bool:
+    """vLLM titles its engine core process `VLLM::EngineCore`; the kernel's name for it may be
+    cut to 15 characters, the command line is not."""
+    try:
+        return "EngineCore" in process.name() or "EngineCore" in " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 FRONT_ENDS = {"ingress", "model", "proxy", "haproxy", "api_server"}
