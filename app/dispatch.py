@@ -90,14 +90,22 @@ class ModelEndpoint:
             raise self._failure(response, exc) from None
 
     async def reply(self, api: str, body: dict) -> ReplyPart:
-        """The whole reply of a request without `stream`: its JSON body and token counts.
+        """The whole reply of a request without `stream`: its JSON body (joined from the parts
+        that carry it) and token counts.
 
         Until the body comes, the replica sends the counts so far every second or so; if the
         call fails or this task is cancelled (the client left) first, what is raised carries
         the last of them as `engine_usage`, the charge (unless the error carries its own).
         """
         response = self._streaming.reply.remote(api, body)
-        return await self.whole_part(response, lambda part: bool(part.data))
+        pieces: list[bytes] = []
+
+        def is_last(part: ReplyPart) -> bool:
+            pieces.append(part.data)  # a large body comes in several parts
+            return part.ended is not None
+
+        last = await self.whole_part(response, is_last)
+        return last._replace(data=b"".join(pieces))
 
     async def whole_part(
         self, response: DeploymentResponseGenerator, is_whole: Callable[[Any], bool]

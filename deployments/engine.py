@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import logging
 import os
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -28,12 +29,12 @@ from vllm.entrypoints.launchers.cli_args import FrontendArgs
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-from vllm.exceptions import VLLMClientError
+from vllm.exceptions import VLLMClientError, VLLMServerError
 from vllm.renderers.inputs.preprocess import extract_prompt_len
 from vllm.sampling_params import RequestOutputKind
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from deployments.generation import (
@@ -44,11 +45,14 @@ from deployments.generation import (
     ReplyPart,
 )
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ray.serve.serviceai")  # into the replica's Serve log
 
 _STREAM_ERROR = 'data: {"error"'
 PROGRESS_S = 1.0
 """How often a whole reply's counts so far go to the ingress while the engine works on it."""
+MAX_PART_BYTES = 1 << 20
+"""A whole body larger than this goes in several parts: a Ray message carries at most 4 MiB
+(n: 8 with top_logprobs reaches that)."""
 _PROMPT_PARAMS = frozenset({"input_tokens", "input_text"})
 TEMPLATE_PROBE: dict[str, Any] = {
     "messages": [{"role": "user", "content": ""}],
@@ -277,6 +281,8 @@ class VllmEngine:
                 rendered = await self._completion.render_completion_request(request)
         except (ValueError, VLLMClientError) as exc:
             raise _refusal(self._chat.create_error_response(exc), *params) from None
+        except VLLMServerError as exc:
+            raise engine_failure(exc) from None
         if isinstance(rendered, ErrorResponse):
             raise _refusal(rendered, *params)
         inputs = rendered[1] if api == "chat" else rendered
@@ -290,9 +296,9 @@ class VllmEngine:
         batched: bool,
         whole: bool,
     ) -> AsyncIterator[ReplyPart]:
-        """The parts of a request (see `serve`); a `whole` reply's body comes in its last part,
-        after a part with the counts so far (and no data) every PROGRESS_S: what the ingress
-        charges if its client leaves, or the call fails, before the end."""
+        """The parts of a request (see `serve`); a `whole` reply's body comes in its last parts
+        (the last one `ended`), after a part with the counts so far (and no data) every
+        PROGRESS_S: what the ingress charges if its client leaves, or the call fails, first."""
         count = TokenCount()
         _counting.set(count)
         # A stream's first await returns at once: awaited as it is.
@@ -306,31 +312,37 @@ class VllmEngine:
                 result = reply.result()
         except (ValueError, VLLMClientError) as exc:
             raise _charged(_refusal(self._chat.create_error_response(exc), *params), count) from None
-        except (EngineDeadError, EngineGenerateError):
-            # The engine died under the request: retry shortly, Serve replaces the replica.
-            failure = EngineUnavailable("The model engine stopped; the request was not completed.")
-            raise _charged(failure, count) from None
+        except VLLMServerError as exc:
+            raise _charged(engine_failure(exc), count) from None
         finally:
             if reply is not None:
                 reply.cancel()
         if isinstance(result, ErrorResponse):
             raise _charged(_refusal(result, *params), count)
         if not isinstance(result, AsyncIterator):
-            yield ReplyPart(result.model_dump_json().encode(), count.prompt, count.completion)
+            data = result.model_dump_json().encode()
+            for start in range(0, len(data), MAX_PART_BYTES):
+                end = start + MAX_PART_BYTES
+                ended = 200 if end >= len(data) else None
+                yield ReplyPart(data[start:end], count.prompt, count.completion, ended)
             return
         if not batched:
-            events = _marked(result)
+            events = _marked(result, params)
             try:
                 async for event, ended in events:
                     yield ReplyPart(event.encode(), count.prompt, count.completion, ended)
+            except GenerationError as error:
+                raise _charged(error, count) from None
             finally:  # closing vLLM's generator aborts the engine request
                 await events.aclose()
             return
-        reader = _EventReader(result)
+        reader = _EventReader(result, params)
         try:
             while events := await reader.take():
                 data = "".join(events).encode()
                 yield ReplyPart(data, count.prompt, count.completion, reader.ended)
+        except GenerationError as error:
+            raise _charged(error, count) from None
         finally:
             await reader.close()
 
@@ -388,6 +400,10 @@ def _request_of(api: str, body: dict[str, Any]) -> tuple[Any, tuple[str, str]]:
 def _parse(model: type[Any], body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
+    except VLLMClientError as exc:  # raised by vLLM's own validators, past pydantic's wrapping
+        error = InvalidGenerationRequest(str(exc))
+        error.param = getattr(exc, "parameter", None)
+        raise error from None
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ()) if not str(p).startswith("function"))
@@ -397,6 +413,15 @@ def _parse(model: type[Any], body: dict[str, Any]) -> Any:
         )
         error.param = param or None
         raise error from None
+
+
+def engine_failure(exc: VLLMServerError) -> EngineUnavailable:
+    """vLLM's server-side failure of a request as a 503 to retry: its engine core died (Serve
+    replaces the replica), or the engine ended the request with an error."""
+    if isinstance(exc, EngineDeadError):
+        return EngineUnavailable("The model engine stopped; the request was not completed.")
+    logger.error("The engine failed a request: %r", exc)
+    return EngineUnavailable("The model engine failed this request. Retry shortly.")
 
 
 def _charged(error: GenerationError, count: TokenCount) -> GenerationError:
@@ -427,22 +452,49 @@ def _refusal(response: ErrorResponse, prompt_param: str, schema_param: str) -> G
     return error
 
 
-async def _marked(events: AsyncIterator[str]) -> AsyncIterator[tuple[str, int | None]]:
-    """The serving layer's SSE events, its error events replaced by ours (which hide the
-    engine's message), each with the status the stream ended with on its last."""
-    failed = False
+async def _marked(
+    events: AsyncIterator[str], params: tuple[str, str]
+) -> AsyncIterator[tuple[str, int | None]]:
+    """The serving layer's SSE events, each with the status the stream ended with on its last.
+
+    vLLM reports a failure inside a stream as an error event. One caused by the request (a
+    4xx: a token id out of the vocabulary, say) that comes first is raised instead, so that the
+    client gets it as an HTTP status; later, it is relayed in our envelope. An engine failure
+    is replaced by ours, which hides the engine's message.
+    """
+    started, failed = False, None
     try:
         async for event in events:
             if event.startswith(_STREAM_ERROR):
-                logger.error("Stream failed in the serving layer: %s", event[:500])
-                event, failed = _STREAM_FAILED, True
-            ended = (EngineUnavailable.status if failed else 200) if event == _DONE_EVENT else None
-            yield event, ended
+                error = _stream_error(event, params)
+                if not started and error.status < 500:
+                    raise error
+                event, failed = _error_event(error), error.status
+            started = True
+            yield event, (failed or 200) if event == _DONE_EVENT else None
+    except GenerationError:
+        raise
     except Exception as exc:  # the serving layer turns most failures into events itself
         logger.error("Stream failed: %r", exc)
         yield _STREAM_FAILED + _DONE_EVENT, EngineUnavailable.status
     finally:
         await events.aclose()
+
+
+def _stream_error(event: str, params: tuple[str, str]) -> GenerationError:
+    """The error of one of the serving layer's error events."""
+    try:
+        response = ErrorResponse.model_validate_json(event.removeprefix("data: "))
+    except ValidationError:
+        logger.error("Stream failed in the serving layer: %s", event[:500])
+        return EngineUnavailable("The model engine failed while generating. Retry shortly.")
+    return _refusal(response, *params)
+
+
+def _error_event(error: GenerationError) -> str:
+    body = {"message": error.message, "type": error.type, "param": error.param,
+            "code": error.code}
+    return f"data: {json.dumps({'error': body})}\n\n"
 
 
 class _EventReader:
@@ -452,8 +504,10 @@ class _EventReader:
     every event ready since the last: fewer Ray messages per token, never a wait.
     """
 
-    def __init__(self, events: AsyncIterator[str]) -> None:
+    def __init__(self, events: AsyncIterator[str], params: tuple[str, str]) -> None:
         self._events = events
+        self._params = params
+        self._failure: GenerationError | None = None
         self._buffer: list[str] = []
         self._arrived = asyncio.Event()
         self._ended = False
@@ -463,20 +517,29 @@ class _EventReader:
 
     async def _read(self) -> None:
         try:
-            async for event, ended in _marked(self._events):
+            async for event, ended in _marked(self._events, self._params):
                 self._buffer.append(event)
                 if ended is not None:
                     self.ended = ended
                 self._arrived.set()
+        except GenerationError as error:  # the request's own, before any event
+            self._failure = error
         finally:
             self._ended = True
             self._arrived.set()
 
     async def take(self) -> list[str]:
-        """Everything buffered, waiting for the first event if none is; [] once ended."""
+        """Everything buffered (up to about MAX_PART_BYTES), waiting for the first event if
+        none is; [] once ended. Raises the refusal of a request that vLLM refused in its stream's first event."""
         await self._arrived.wait()
-        events, self._buffer = self._buffer, []
-        if not self._ended:
+        if self._failure is not None:
+            raise self._failure
+        taken, size = 0, 0
+        while taken < len(self._buffer) and (not taken or size < MAX_PART_BYTES):
+            size += len(self._buffer[taken])
+            taken += 1
+        events, self._buffer = self._buffer[:taken], self._buffer[taken:]
+        if not self._ended and not self._buffer:
             self._arrived.clear()
         return events
 

@@ -86,5 +86,5 @@ class InvalidGenerationRequest(GenerationError):
 
 class EngineUnavailable(GenerationError):
     status = 503
-    type = "service_unavailable"
+    type = "server_error"
     code = "model_unavailable"

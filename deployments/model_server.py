@@ -85,10 +85,10 @@ class ModelServer:
 
     async def reply(self, api: str, body: dict) -> AsyncIterator[ReplyPart]:
         """A whole request of `api`: the token counts so far every second or so while the
-        engine works (parts without data), then one part holding the JSON body."""
+        engine works (parts without data), then the JSON body, in parts up to its `ended` one."""
         async for part in self._engine.serve(api, body):
             yield part
-            if part.data:
+            if part.ended is not None:
                 return
         raise EngineUnavailable("The model engine ended the request without a reply.")
 

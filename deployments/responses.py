@@ -22,15 +22,21 @@ from vllm.entrypoints.openai.models.serving import OpenAIServingModels
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
 from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-from vllm.exceptions import VLLMClientError
+from vllm.exceptions import VLLMClientError, VLLMServerError
 from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from deployments.engine import CountingEngineClient, TokenCount, WholeReply, _counting
+from deployments.engine import (
+    CountingEngineClient,
+    TokenCount,
+    WholeReply,
+    _counting,
+    engine_failure,
+)
 from deployments.generation import EngineUnavailable, GenerationError, InvalidGenerationRequest
 from deployments.responses_wire import TERMINAL_EVENTS, ResponsePart
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ray.serve.serviceai")  # into the replica's Serve log
 
 # vLLM-only fields of its response object; OpenAI's clients do not know them.
 _VLLM_ONLY = {
@@ -115,6 +121,8 @@ class ResponsesServing:
                 result = reply.result()
         except (ValueError, VLLMClientError) as exc:
             raise _refusal(self._serving.create_error_response(exc)) from None
+        except VLLMServerError as exc:
+            raise engine_failure(exc) from None
         finally:
             if reply is not None:
                 reply.cancel()

@@ -237,10 +237,16 @@ class ReplyHandle(FakeHandle):
         self.reply = SimpleNamespace(remote=lambda *a: serve_stream(parts, then))
 
 
-async def test_a_whole_reply_is_its_part_with_data_after_the_counts_so_far():
-    parts = [ReplyPart(b"", 7, 0), ReplyPart(b"", 7, 40), ReplyPart(b'{"id": 1}', 7, 64)]
+async def test_a_whole_reply_is_its_body_after_the_counts_so_far():
+    parts = [ReplyPart(b"", 7, 0), ReplyPart(b"", 7, 40), ReplyPart(b'{"id": 1}', 7, 64, 200)]
     reply = await ModelEndpoint("ServiceAi-Pro", ReplyHandle(parts)).reply("chat", {})
     assert reply == parts[-1]
+
+
+async def test_a_large_whole_reply_is_joined_from_its_parts():
+    parts = [ReplyPart(b"", 7, 0), ReplyPart(b'{"id": ', 7, 64), ReplyPart(b"1}", 7, 64, 200)]
+    reply = await ModelEndpoint("ServiceAi-Pro", ReplyHandle(parts)).reply("chat", {})
+    assert (reply.data, reply.completion_tokens) == (b'{"id": 1}', 64)
 
 
 async def test_a_whole_reply_left_by_its_client_carries_the_last_counts_for_the_charge():

@@ -6,8 +6,10 @@ The serving layer itself runs for real in tests/e2e; here a stand-in engine feed
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
+import pytest
 from vllm.sampling_params import RequestOutputKind
 
 from deployments import engine as engine_module
@@ -18,6 +20,9 @@ from deployments.engine import (
     _counting,
     _EventReader,
 )
+from deployments.generation import InvalidGenerationRequest
+
+PARAMS = ("messages", "tools")
 
 
 def output(prompt: int, *choices: tuple[int, int]):
@@ -74,7 +79,7 @@ async def test_events_that_arrive_together_are_taken_together():
         arrived.set()
         yield "data: 3\n\n"
 
-    reader = _EventReader(events())
+    reader = _EventReader(events(), PARAMS)
     await arrived.wait()
     await asyncio.sleep(0)
     batches = []
@@ -85,18 +90,70 @@ async def test_events_that_arrive_together_are_taken_together():
     assert len(batches) < 3
 
 
+async def test_a_backlog_is_taken_in_batches_of_at_most_a_part(monkeypatch):
+    monkeypatch.setattr(engine_module, "MAX_PART_BYTES", 20)
+    arrived = asyncio.Event()
+
+    async def events():
+        for i in range(6):
+            yield f"data: {i}\n\n"  # 9 bytes each
+        arrived.set()
+
+    reader = _EventReader(events(), PARAMS)
+    await arrived.wait()
+    await asyncio.sleep(0)
+    batches = []
+    while batch := await reader.take():
+        batches.append(batch)
+    await reader.close()
+    assert [len(b) for b in batches] == [3, 3]
+
+
 async def test_a_failed_stream_event_becomes_the_envelope():
     async def events():
         yield 'data: {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}\n\n'
         yield "data: [DONE]\n\n"
 
-    reader = _EventReader(events())
+    reader = _EventReader(events(), PARAMS)
     taken = []
     while batch := await reader.take():
         taken += batch
     assert '"code": "model_unavailable"' in taken[0] and "boom" not in taken[0]
     assert taken[-1] == "data: [DONE]\n\n"
     assert reader.ended == 503
+
+
+async def test_a_refusal_in_the_first_event_is_raised_before_any_event():
+    """vLLM refuses some requests only once their stream runs (a token id out of the
+    vocabulary): the client still gets the 400 as an HTTP status."""
+
+    async def events():
+        yield ('data: {"error": {"message": "Token id 600 is out of vocabulary", '
+               '"type": "BadRequestError", "param": null, "code": 400}}\n\n')
+        yield "data: [DONE]\n\n"
+
+    reader = _EventReader(events(), PARAMS)
+    with pytest.raises(InvalidGenerationRequest, match="out of vocabulary") as refused:
+        await reader.take()
+    assert refused.value.status == 400
+    await reader.close()
+
+
+async def test_a_refusal_after_the_first_event_keeps_its_status_in_the_envelope():
+    async def events():
+        yield "data: 1\n\n"
+        yield ('data: {"error": {"message": "bad stop", "type": "BadRequestError", '
+               '"param": "stop", "code": 400}}\n\n')
+        yield "data: [DONE]\n\n"
+
+    reader = _EventReader(events(), PARAMS)
+    taken = []
+    while batch := await reader.take():
+        taken += batch
+    error = json.loads(taken[1].removeprefix("data: "))["error"]
+    assert error == {"message": "bad stop", "type": "invalid_request_error", "param": "stop",
+                     "code": "invalid_value"}
+    assert reader.ended == 400
 
 
 async def test_closing_the_reader_closes_the_serving_layers_generator():
@@ -110,7 +167,7 @@ async def test_closing_the_reader_closes_the_serving_layers_generator():
         finally:
             closed.set()
 
-    reader = _EventReader(endless())
+    reader = _EventReader(endless(), PARAMS)
     assert await reader.take()
     await reader.close()
     assert closed.is_set()
@@ -121,7 +178,7 @@ async def test_a_stream_that_raises_ends_with_the_envelope_and_done():
         yield "data: 1\n\n"
         raise RuntimeError("engine gone")
 
-    reader = _EventReader(events())
+    reader = _EventReader(events(), PARAMS)
     taken = []
     while batch := await reader.take():
         taken += batch
@@ -137,7 +194,7 @@ async def test_the_batch_with_the_last_event_is_marked_as_the_end():
         yield "data: 2\n\n"
         yield "data: [DONE]\n\n"
 
-    reader = _EventReader(events())
+    reader = _EventReader(events(), PARAMS)
     marks = []
     while batch := await reader.take():
         marks.append((batch[-1], reader.ended))
@@ -169,10 +226,22 @@ async def test_a_whole_reply_sends_its_counts_while_the_engine_works(monkeypatch
         return SimpleNamespace(model_dump_json=lambda: '{"id": "x"}')
 
     parts = await whole_reply_parts(create, monkeypatch)
-    assert parts[-1] == (b'{"id": "x"}', 7, 50, None, None, False)
+    assert parts[-1] == (b'{"id": "x"}', 7, 50, 200, None, False)
     progress = parts[:-1]
     assert progress and all(p.data == b"" and p.prompt_tokens == 7 for p in progress)
     assert [p.completion_tokens for p in progress] == sorted(p.completion_tokens for p in progress)
+
+
+async def test_a_whole_body_larger_than_a_ray_message_goes_in_parts(monkeypatch):
+    monkeypatch.setattr(engine_module, "MAX_PART_BYTES", 4)
+
+    async def create(_):
+        _counting.get().prompt = 3
+        return SimpleNamespace(model_dump_json=lambda: '{"id": "x"}')
+
+    parts = await whole_reply_parts(create, monkeypatch)
+    assert b"".join(p.data for p in parts) == b'{"id": "x"}'
+    assert [p.ended for p in parts] == [None, None, 200]
 
 
 async def test_a_whole_reply_closed_by_its_caller_cancels_the_serving_layers_call(monkeypatch):
