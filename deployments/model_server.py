@@ -14,6 +14,7 @@ from deployments.config import TINY_MODEL, ModelTypeConfig, tiny_model_dir
 from deployments.feeds import FeedHub, FeedItem
 from deployments.garbage_collection import collect_less_often
 from deployments.generation import EngineUnavailable, ModelInfo, ReplyPart
+from deployments.replica_log import kept_through_logging_setup
 from deployments.responses_wire import ResponsePart
 
 logger = logging.getLogger("ray.serve")
@@ -37,13 +38,14 @@ class ModelServer:
 
             model = str(ensure(tiny_model_dir()))
         logger.info("Starting the engine of %s", self._name)
-        self._engine = await VllmEngine.start(
-            config.engine_kwargs(model),
-            tool_call_parser=config.tool_call_parser,
-            reasoning_parser=config.reasoning_parser,
-            chat_template=config.chat_template,
-            tool_strict_level=config.tool_strict_level,
-        )
+        with kept_through_logging_setup():
+            self._engine = await VllmEngine.start(
+                config.engine_kwargs(model),
+                tool_call_parser=config.tool_call_parser,
+                reasoning_parser=config.reasoning_parser,
+                chat_template=config.chat_template,
+                tool_strict_level=config.tool_strict_level,
+            )
         self._tool_call_parser = config.tool_call_parser
         self._responses = None
         self._feeds = FeedHub(config.max_ongoing_requests if feeds else 0)

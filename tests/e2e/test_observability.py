@@ -210,3 +210,10 @@ def test_an_insane_or_missing_request_id_is_replaced(http: httpx.Client):
         assert response.status_code == 200
         assert uuid.UUID(response.headers["x-request-id"])
         assert len(response.headers.get_list("x-request-id")) == 1
+
+
+def test_a_model_replica_keeps_logging_after_its_engine_starts(stack: Stack):
+    """vLLM's logging set-up closed the replica's Serve log (deployments/replica_log.py)."""
+    for model in ("ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"):
+        logs = [p for p in stack.log_files() if p.name.startswith(f"replica_serviceai_{model}_")]
+        assert any("ready: max_model_len=" in p.read_text(errors="replace") for p in logs), model
