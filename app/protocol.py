@@ -49,6 +49,8 @@ VLLM_FIELDS = frozenset(
         "documents", "repetition_detection",
     }
 )
+# vLLM's hard token masks: on top of a grammar they can leave no token it accepts.
+GRAMMAR_MASKS = ("allowed_token_ids", "bad_words", "min_tokens")
 # OpenAI fields a text model behind this gateway cannot honour, with the reason a client reads.
 REFUSED_FIELDS = {
     "audio": "audio output is not supported; the model types produce text only",
@@ -253,6 +255,25 @@ class GenerationFields(BaseModel):
                 return name, f"Unrecognized request argument supplied: {name}"
         return None
 
+    @property
+    def constrained(self) -> bool:
+        """Decoding follows a grammar (vLLM's `structured_outputs`)."""
+        return bool((self.model_extra or {}).get("structured_outputs"))
+
+    def mask_on_a_grammar(self) -> tuple[str, str] | None:
+        """A token mask that can leave a grammar no token it accepts; vLLM then fails the
+        request inside the engine (its grammar rejects the token it had to sample)."""
+        extra = self.model_extra or {}
+        for name in GRAMMAR_MASKS:
+            value = self.min_tokens if name == "min_tokens" else extra.get(name)
+            if value:
+                return name, (
+                    f"'{name}' cannot be combined with constrained decoding (a JSON "
+                    "response_format, structured_outputs or a forced tool call): together "
+                    "they can leave no token the grammar accepts"
+                )
+        return None
+
     def to_engine(self) -> dict[str, Any]:
         """The body the model replica's serving layer gets: as sent, less caller-only fields."""
         body = self.model_dump(exclude_unset=True, by_alias=True)
@@ -274,6 +295,22 @@ class ChatCompletionRequest(GenerationFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+    def unsupported_field(self) -> tuple[str, str] | None:
+        refused = super().unsupported_field()
+        if refused is not None or not self.constrained:
+            return refused
+        return self.mask_on_a_grammar()
+
+    @property
+    def constrained(self) -> bool:
+        """Decoding follows a grammar: a JSON response format, or a forced tool call."""
+        return bool(
+            (self.response_format is not None and self.response_format.type != "text")
+            or (self.tools and (self.tool_choice == "required"
+                                or isinstance(self.tool_choice, NamedToolChoice)))
+            or super().constrained
+        )
 
     @property
     def reply_limit(self) -> int | None:
@@ -299,6 +336,20 @@ class CompletionRequest(GenerationFields):
     best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool | None = None
+
+    def unsupported_field(self) -> tuple[str, str] | None:
+        refused = super().unsupported_field() or (
+            self.mask_on_a_grammar() if self.constrained else None
+        )
+        if refused is None and self.echo and self.logprobs is not None and self.stream and (
+            max(self.choices, self.best_of or 1) > 1
+        ):
+            # vLLM 0.32's stream then fails: only one choice carries the prompt's logprobs.
+            return "echo", (
+                "echo with logprobs is not supported on a stream of more than one choice "
+                "(n or best_of above 1): send stream false, n 1, or no logprobs"
+            )
+        return refused
 
     @property
     def reply_limit(self) -> int:

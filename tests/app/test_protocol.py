@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from app.protocol import ChatCompletionRequest
+from app.protocol import ChatCompletionRequest, CompletionRequest
 
 
 def request(**fields):
@@ -108,3 +108,48 @@ def test_out_of_range_or_mistyped_values_are_refused(fields, param):
     with pytest.raises(ValidationError) as info:
         request(**fields)
     assert info.value.errors()[0]["loc"][0] == param
+
+
+@pytest.mark.parametrize(
+    ("fields", "refused"),
+    [
+        ({"n": 2}, True),
+        ({"best_of": 3}, True),
+        ({"n": 2, "stream": False}, False),
+        ({"n": 1}, False),
+        ({"n": 2, "logprobs": None}, False),
+        ({"n": 2, "echo": False}, False),
+    ],
+)
+def test_an_echoed_stream_of_several_choices_with_logprobs_is_refused(fields, refused):
+    """vLLM's completion stream fails on it (a 5xx mid-stream): refused up front instead."""
+    body = CompletionRequest.model_validate(
+        {"model": "ServiceAi-Fast", "prompt": "hi", "echo": True, "logprobs": 2, "stream": True,
+         **fields}
+    )
+    assert (body.unsupported_field() is not None) == refused
+    if refused:
+        assert body.unsupported_field()[0] == "echo"
+
+
+GRAMMARS = [
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+    {"structured_outputs": {"regex": "[ab]+"}},
+    {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+    {"tools": [{"type": "function", "function": {"name": "f"}}],
+     "tool_choice": {"type": "function", "function": {"name": "f"}}},
+]
+MASKS = [{"allowed_token_ids": [5, 6]}, {"bad_words": ["x"]}, {"min_tokens": 3}]
+
+
+@pytest.mark.parametrize("grammar", GRAMMARS)
+@pytest.mark.parametrize("mask", MASKS)
+def test_a_token_mask_on_a_grammar_is_refused_by_name(grammar, mask):
+    """Together they can leave no token the grammar accepts, and vLLM fails the request in
+    its engine; each alone is served."""
+    assert request(**grammar, **mask).unsupported_field()[0] == next(iter(mask))
+    assert request(**grammar).unsupported_field() is None
+    assert request(**mask).unsupported_field() is None
+    assert request(**mask, tools=[{"type": "function", "function": {"name": "f"}}],
+                   tool_choice="auto").unsupported_field() is None
