@@ -10,9 +10,9 @@ from typing import Any
 
 from ray.serve import Application
 
-from app.config import ServiceConfig
+from app.config.service import ServiceConfig
 from app.ingress import Ingress
-from deployments.config import ModelTypeConfig
+from deployments.model_type import ModelTypeConfig
 from deployments.model_server import build_model_app, ensure_local_model
 
 

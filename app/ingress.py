@@ -10,18 +10,20 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.api import create_api
-from app.auth import KeyVerifier
-from app.config import ServiceConfig
+from app.http.app import create_api
+from app.accounts.auth import KeyVerifier
+from app.config.service import ServiceConfig
 from app.console import mount_console, require_shared_secret
-from app.dispatch import ModelRouter
-from app.keystore import open_store
-from app.keystore.responses import ResponseStore
-from app.ratelimit import RateLimits, open_storage
+from app.serving.dispatch import ModelRouter
+from app.accounts.keystore import open_store
+from app.accounts.keystore.responses import ResponseStore
+from app.limits.admission import RateLimits
 from app.observability.metrics import InFlight
 from app.periodic import PeriodicFlush
-from app.settings import get_settings
-from app.usage_meter import UsageMeter
+from app.config.settings import get_settings
+from app.limits.usage_meter import UsageMeter
+from app.limits.counters import open_counters
+from deployments import ray_internals
 from deployments.garbage_collection import collect_less_often
 
 logger = logging.getLogger("ray.serve.serviceai")
@@ -36,6 +38,7 @@ class Ingress:
         self, config: ServiceConfig, models: dict[str, DeploymentHandle] | None
     ) -> None:
         collect_less_often()
+        ray_internals.check()
         self._settings = settings = get_settings()
         require_shared_secret(settings, config.ingress.most_replicas())
         if models is None:
@@ -60,7 +63,7 @@ class Ingress:
         redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
         self._limits = RateLimits(
             config.plans,
-            open_storage(
+            open_counters(
                 redis_url, key_prefix=settings.redis_key_prefix, timeout_s=settings.redis_timeout_s
             ),
             fail_open=settings.rate_limit_fail_open,

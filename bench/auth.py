@@ -21,8 +21,8 @@ from pathlib import Path
 
 from starlette.requests import Request
 
-from app.auth import KeyVerifier, bearer_token
-from app.keystore import Database, KeyStore
+from app.accounts.auth import KeyVerifier, bearer_token
+from app.accounts.keystore import Database, KeyStore
 
 
 def request_with(key: str) -> Request:

@@ -20,10 +20,10 @@ PY_SPY = Path(sys.executable).parent / "py-spy"
 # Which stage of the request path a frame belongs to, by the file it is in (py-spy shows
 # paths relative to site-packages or the project). First match wins, innermost frame first.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("auth", ("app/auth.py", "app/keystore/")),
+    ("auth", ("app/accounts/auth.py", "app/accounts/keystore/")),
     ("rate limits and usage", ("app/limits", "app/usage", "limits/")),
-    ("SSE and chunk encoding", ("app/sse.py", "sse_starlette/", "orjson")),
-    ("request validation", ("app/protocol.py", "pydantic/", "pydantic_core")),
+    ("SSE and chunk encoding", ("app/openai/sse.py", "sse_starlette/", "orjson")),
+    ("request validation", ("app/openai/protocol.py", "pydantic/", "pydantic_core")),
     ("our routes and dispatch", ("app/", "deployments/")),
     ("HTTP server and ASGI", ("uvicorn/", "starlette/", "fastapi/", "h11/", "httptools/")),
     ("tokenizer", ("transformers/", "tokenizers/")),

@@ -20,13 +20,14 @@ from pathlib import Path
 import httpx
 import yaml
 
-from app.api import create_api
-from app.auth import KeyVerifier
-from app.dispatch import ModelRouter
-from app.keystore import Database, KeyStore
-from app.plans import Plans
-from app.ratelimit import RateLimits, open_storage
-from app.usage_meter import UsageMeter
+from app.http.app import create_api
+from app.accounts.auth import KeyVerifier
+from app.serving.dispatch import ModelRouter
+from app.accounts.keystore import Database, KeyStore
+from app.limits.plans import Plans
+from app.limits.admission import RateLimits
+from app.limits.usage_meter import UsageMeter
+from app.limits.counters import MemoryCounters
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "serve_config.yaml"
 
@@ -43,7 +44,7 @@ async def main(trace: bool) -> None:
     user = await store.create_user("bench@hostile.test", plan="pro")
     key = (await store.create_key(user.id)).key
     api = create_api(ModelRouter({}, created=0), KeyVerifier(store),
-                     RateLimits(plans(), open_storage(None)), UsageMeter(store))
+                     RateLimits(plans(), MemoryCounters()), UsageMeter(store))
     count = (2 * 1024 * 1024 - 60) // 3
     body = b'{"model": "ServiceAi-Fast", "messages": [' + b",".join([b"{}"] * count) + b"]}"
     transport = httpx.ASGITransport(app=api)

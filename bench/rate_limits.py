@@ -20,9 +20,10 @@ import secrets
 import statistics
 import time
 
-from app.auth import Caller
-from app.plans import Plans
-from app.ratelimit import RateLimits, open_storage
+from app.accounts.auth import Caller
+from app.limits.plans import Plans
+from app.limits.admission import RateLimits
+from app.limits.counters import open_counters
 
 MODEL_TYPE = "ServiceAi-Fast"
 HIGH = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12,
@@ -66,14 +67,14 @@ async def main(
           f"load average {os.getloadavg()[0]:.2f}; users {users}")
     stores = [("redis", redis_url)] if only_redis else [("memory", None), ("redis", redis_url)]
     for name, url in stores:
-        storage = open_storage(url, key_prefix=f"sai-bench-{secrets.token_hex(4)}")
+        storage = open_counters(url, key_prefix=f"sai-bench-{secrets.token_hex(4)}")
         limits = RateLimits(plans, storage, fail_open=False)
         await sequential(limits, callers, min(rounds, 500))  # warm up (connections, scripts)
         report(f"admit ({name})", await sequential(limits, callers, rounds))
         rate = await concurrent(limits, callers, rounds, at_once)
         print(f"{'admit + charge (' + name + ')':<34} {rate:8.0f} /s with {at_once} at once")
         if url is not None:
-            await storage.reset()
+            await storage.clear()
 
 
 if __name__ == "__main__":

@@ -22,10 +22,10 @@ from typing import Any
 import psutil
 import yaml
 
-from app.keystore import open_store
-from app.serve_runtime import cluster_env
-from app.settings import Settings
-from deployments.config import TINY_MODEL, ModelTypeConfig, tiny_model_dir
+from app.accounts.keystore import open_store
+from app.serving.ray_runtime import cluster_env
+from app.config.settings import Settings
+from deployments.model_type import TINY_MODEL, ModelTypeConfig, tiny_model_dir
 from deployments.tiny_model import ensure
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

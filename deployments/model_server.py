@@ -1,4 +1,9 @@
-"""The Ray Serve deployment of one model type: each replica holds one vLLM engine."""
+"""The Ray Serve deployment of one model type: each replica holds one vLLM engine.
+
+Every API (chat, completion, responses) is served the same way: a whole reply by `reply`, a
+stream by `stream`, a prompt measured by `prompt_tokens`; the replica's adapter
+(deployments.vllm_engine) tells the APIs apart.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,12 @@ from pathlib import Path
 from ray import serve
 from ray.serve import Application
 
-from deployments.config import TINY_MODEL, ModelTypeConfig, tiny_model_dir
-from deployments.feeds import FeedHub, FeedItem
+from deployments import ray_internals
+from deployments.feed_hub import FeedHub, FeedItem
 from deployments.garbage_collection import collect_less_often
-from deployments.generation import EngineUnavailable, ModelInfo, ReplyPart
+from deployments.model_type import TINY_MODEL, ModelTypeConfig, tiny_model_dir
 from deployments.replica_log import kept_through_logging_setup
-from deployments.responses_wire import ResponsePart
+from deployments.wire import EngineUnavailable, GenerationError, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve")
 
@@ -28,36 +33,35 @@ class ModelServer:
     """
 
     async def __init__(self, config: ModelTypeConfig, feeds: bool = True) -> None:
-        from deployments.engine import VllmEngine
+        from deployments.vllm_engine.engine import VllmEngine
 
         collect_less_often()
-        self._name = config.name
+        ray_internals.check()
         model = config.resolved_model()
         if model == TINY_MODEL:
             from deployments.tiny_model import ensure
 
             model = str(ensure(tiny_model_dir()))
-        logger.info("Starting the engine of %s", self._name)
+        logger.info("Starting the engine of %s", config.name)
         with kept_through_logging_setup():
             self._engine = await VllmEngine.start(
+                config.name,
                 config.engine_kwargs(model),
                 tool_call_parser=config.tool_call_parser,
                 reasoning_parser=config.reasoning_parser,
                 chat_template=config.chat_template,
                 tool_strict_level=config.tool_strict_level,
             )
-        self._tool_call_parser = config.tool_call_parser
-        self._responses = None
         self._feeds = FeedHub(config.max_ongoing_requests if feeds else 0)
         self._replica = serve.get_replica_context().replica_id.unique_id
-        logger.info("%s ready: max_model_len=%d", self._name, self._engine.max_model_len)
+        logger.info("%s ready: max_model_len=%d", config.name, self._engine.max_model_len)
 
     async def stream(
         self, api: str, body: dict, ingress: str | None = None, key: int = 0
     ) -> AsyncIterator[ReplyPart]:
-        """A streamed request of `api` ("chat" or "completion") from ingress replica `ingress`
-        (its request `key`): batches of SSE events, or, while that ingress has a feed open
-        here, the first part alone and the rest on the feed."""
+        """A streamed request of `api` from ingress replica `ingress` (its request `key`):
+        batches of SSE events, or, while that ingress has a feed open here, the first part
+        alone and the rest on the feed (its failure too, in order)."""
         feed = self._feeds.of(ingress)
         if feed is None:
             parts = self._engine.serve(api, body)
@@ -70,12 +74,15 @@ class ModelServer:
         parts = self._engine.serve(api, body, batched=False)
         try:
             first = await anext(parts)
-            if first.ended is not None:
+            if first.last:
                 yield first
                 return
             yield first._replace(replica=self._replica, via_feed=True)
-            async for part in parts:
-                feed.put(key, part)
+            try:
+                async for part in parts:
+                    feed.put(key, part)
+            except GenerationError as error:
+                feed.put(key, error)
         finally:
             feed.members.discard(key)
             await parts.aclose()
@@ -87,26 +94,15 @@ class ModelServer:
 
     async def reply(self, api: str, body: dict) -> AsyncIterator[ReplyPart]:
         """A whole request of `api`: the token counts so far every second or so while the
-        engine works (parts without data), then the JSON body, in parts up to its `ended` one."""
+        engine works (parts without data), then the JSON body, in parts up to its `last`."""
         async for part in self._engine.serve(api, body):
             yield part
-            if part.ended is not None:
+            if part.last:
                 return
         raise EngineUnavailable("The model engine ended the request without a reply.")
 
-    async def responses(self, body: dict, echo: dict) -> AsyncIterator[ResponsePart]:
-        """POST /v1/responses through vLLM's own Responses handler (built on first use)."""
-        if self._responses is None:
-            from deployments.responses import ResponsesServing
-
-            self._responses = ResponsesServing.build(
-                self._engine.async_llm, self._name, self._tool_call_parser
-            )
-        async for part in self._responses.respond(body, echo):
-            yield part
-
     async def info(self) -> ModelInfo:
-        return self._engine.info(self._name)
+        return self._engine.info()
 
     async def prompt_tokens(self, api: str, body: dict) -> int:
         """The prompt's length in tokens, rendered and checked as for generation, without
@@ -132,7 +128,7 @@ class ModelServer:
 
 def build_model_app(config: ModelTypeConfig, feeds: bool = True) -> Application:
     """Bind the model deployment of one model type with its Serve options; `feeds`: stream
-    feeds to the ingress (deployments.feeds), which need their request router on it."""
+    feeds to the ingress (deployments.feed_hub), which need their request router on it."""
     return ModelServer.options(**config.serve_options(feeds)).bind(config, feeds)
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from app.serve_runtime import cluster_env
+from app.serving.ray_runtime import cluster_env
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_CONFIG = PROJECT_ROOT / "cluster.yaml"

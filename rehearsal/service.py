@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from deployments.config import tiny_model_dir
+from deployments.model_type import tiny_model_dir
 from deployments.tiny_model import ensure
 from rehearsal.cluster import LocalCluster, worker_node_types
 from rehearsal.config import write_rehearsal_config
@@ -91,7 +91,7 @@ def _serve(cluster: LocalCluster, *args: str) -> str:
 
 async def create_api_key(cluster: LocalCluster, email: str = "operator@serviceai.test") -> str:
     """A user on the `pro` plan and a key, through the real key store (as `serviceai users create`)."""
-    from app.keystore import Database, KeyStore
+    from app.accounts.keystore import Database, KeyStore
 
     database = await Database.open(cluster.env["SERVICEAI_DATABASE_URL"])
     try:

@@ -18,8 +18,8 @@ import asyncpg
 import pytest
 import yaml
 
-from app.keystore import Database, KeyStore
-from app.serve_runtime import cluster_env
+from app.accounts.keystore import Database, KeyStore
+from app.serving.ray_runtime import cluster_env
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"

@@ -20,9 +20,9 @@ from app.console import pages
 from app.console.client_address import ClientAddress
 from app.console.session import CsrfRejected, SignInRequired
 from app.console.sign_in_limit import SignInLimit
-from app.errors import request_id_of
-from app.keystore.errors import KeyStoreError
-from app.settings import Settings
+from app.openai.errors import request_id_of
+from app.accounts.keystore.errors import KeyStoreError
+from app.config.settings import Settings
 
 logger = logging.getLogger("ray.serve.serviceai")
 

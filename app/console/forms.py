@@ -6,8 +6,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from app.keystore import passwords
-from app.keystore.schemas import Email, KeyName, Password
+from app.accounts.keystore import passwords
+from app.accounts.keystore.schemas import Email, KeyName, Password
 _LABELS = {"email": "Email", "password": "Password", "password_again": "Repeat password",
            "name": "Key name"}
 

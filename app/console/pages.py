@@ -15,17 +15,17 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
-from app.auth import KeyVerifier
+from app.accounts.auth import KeyVerifier
 from app.console import session
 from app.console.forms import KeyForm, SignInForm, SignUpForm, problem
 from app.console.session import signed_in_user
 from app.console.sign_in_limit import SignInLimit
-from app.keystore import KeyStore
-from app.keystore.errors import KeyLimitReached, UserExists, WrongCredentials
-from app.errors import ApiError
-from app.keystore.schemas import MAX_PAGE, IssuedApiKey, UsageTotals, User
-from app.plans import ModelTypeLimits
-from app.ratelimit import RateLimits
+from app.accounts.keystore import KeyStore
+from app.accounts.keystore.errors import KeyLimitReached, UserExists, WrongCredentials
+from app.openai.errors import ApiError
+from app.accounts.keystore.schemas import MAX_PAGE, IssuedApiKey, UsageTotals, User
+from app.limits.plans import ModelTypeLimits
+from app.limits.admission import RateLimits
 from deployments.catalog import LOGICAL_MODEL_TYPES, LogicalModelType
 
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")

@@ -15,9 +15,9 @@ import secrets
 from fastapi import Request
 from starlette.datastructures import FormData
 
-from app.keystore import KeyStore
-from app.keystore.errors import UserNotFound
-from app.keystore.schemas import User
+from app.accounts.keystore import KeyStore
+from app.accounts.keystore.errors import UserNotFound
+from app.accounts.keystore.schemas import User
 
 CSRF_FIELD = "csrf_token"
 

@@ -1,7 +1,7 @@
 """One structured line per request, written when its response (stream included) has ended.
 
 The logger is a child of Ray Serve's `ray.serve`: the line lands in the ingress replica's
-Serve log, which the ingress writes as JSON (`logging_config` in app/config.py), and Ray adds
+Serve log, which the ingress writes as JSON (`logging_config` in app/config/service.py), and Ray adds
 the request id, route, application and replica. The fields below are the line's own; no
 message content, never the key (its id only).
 """

@@ -3,7 +3,7 @@
 Ray Serve (HAProxy and the replica's HTTP server) already gives every request an
 `x-request-id`, echoes it on the response and puts it in every Serve log line of that request.
 It takes the client's value verbatim, though; this middleware runs before Ray's own
-(`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`, see app/serve_runtime.py) and replaces a value
+(`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`, see app/serving/ray_runtime.py) and replaces a value
 that is too long or carries characters a log reader would trip over.
 """
 

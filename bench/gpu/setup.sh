@@ -7,7 +7,7 @@ P=${PROJ:-.}
 S=$(cd "$(dirname "$0")" && pwd)
 mkdir -p /tmp/site /tmp/logs
 [ -d /tmp/proj ] || cp -r "$P" /tmp/proj
-grep -q "vLLM 0.26" /tmp/proj/deployments/engine.py \
+grep -q "vLLM 0.26" /tmp/proj/deployments/vllm_engine/engine.py \
   || echo "WARNING: $P is not patched for vLLM 0.26 (bench/gpu/snapshot.sh)"
 UNPACK="import lzma, sys, tarfile
 tar = tarfile.open(fileobj=lzma.open(sys.stdin.buffer), mode='r|')
@@ -37,7 +37,7 @@ cd /tmp/proj
 # Each server its own compile cache: the two compile the same model at the same time. Both start
 # at once, so each gets a fixed KV cache (no memory profiling that could count the other's
 # allocations); bare's engine args are serve_gpu.yaml's.
-VLLM_CACHE_ROOT=/tmp/vc_ours setsid python3 -c "from app.cli import main; main()" \
+VLLM_CACHE_ROOT=/tmp/vc_ours setsid python3 -c "from app.cli.main import main; main()" \
   run --config "$S/serve_gpu.yaml" > /tmp/logs/ours.log 2>&1 < /dev/null &
 echo $! > /tmp/ours.pid
 VLLM_CACHE_ROOT=/tmp/vc_bare setsid python3 -m vllm.entrypoints.openai.api_server \

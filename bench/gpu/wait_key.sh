@@ -8,7 +8,7 @@ ok() {
     -d '{"model":"ServiceAi-Fast","messages":[{"role":"user","content":"hi"}],"max_tokens":1}' \
     | grep -q chat.completion
 }
-cli() { (cd /tmp/proj && python3 -c "from app.cli import main; main()" "$@"); }
+cli() { (cd /tmp/proj && python3 -c "from app.cli.main import main; main()" "$@"); }
 b=0; o=0; t0=$(date +%s); end=$((t0 + ${1:-500}))
 while [ "$(date +%s)" -lt $end ]; do
   if [ ! -s /tmp/key ]; then

@@ -9,13 +9,14 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from app.api import create_api
-from app.auth import KeyVerifier
-from app.dispatch import ModelRouter
-from app.keystore import KeyStore
-from app.plans import Plans
-from app.ratelimit import RateLimits, open_storage
-from app.usage_meter import UsageMeter
+from app.http.app import create_api
+from app.accounts.auth import KeyVerifier
+from app.serving.dispatch import ModelRouter
+from app.accounts.keystore import KeyStore
+from app.limits.plans import Plans
+from app.limits.admission import RateLimits
+from app.limits.usage_meter import UsageMeter
+from app.limits.counters import MemoryCounters
 from tests.conftest import app_args
 
 ADMIN_TOKEN = secrets.token_urlsafe(32)
@@ -27,7 +28,7 @@ def bearer(token: str) -> dict[str, str]:
 
 def shipped_limits() -> RateLimits:
     """The plans of serve_config.yaml, counted in memory."""
-    return RateLimits(Plans.model_validate(app_args()["plans"]), open_storage(None))
+    return RateLimits(Plans.model_validate(app_args()["plans"]), MemoryCounters())
 
 
 @pytest.fixture

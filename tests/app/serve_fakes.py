@@ -1,6 +1,6 @@
 """Ray Serve's own response objects around calls that no replica runs, for the ingress's tests.
 
-The ingress tracks a call until Serve gives it a replica (app.dispatch): fakes of a handle
+The ingress tracks a call until Serve gives it a replica (app.serving.dispatch): fakes of a handle
 return these, so that what the ingress awaits and cancels is Serve's code, not a stand-in.
 """
 
@@ -52,3 +52,14 @@ def serve_stream(parts: list, then: BaseException | None = None) -> DeploymentRe
     future.set_result(SimpleNamespace(__anext__=next_part, cancel=lambda: None))
     metadata = RequestMetadata(request_id="r", internal_request_id="r", is_streaming=True)
     return DeploymentResponseGenerator(future, metadata, _is_router_running_in_separate_loop=False)
+
+
+class FakeHandle:
+    """A model type's handle that no replica serves; tests give it the calls they need."""
+
+    def __init__(self, name: str, app: str = "serviceai") -> None:
+        self.deployment_name = name
+        self.app_name = app
+
+    def options(self, **kwargs):
+        return self

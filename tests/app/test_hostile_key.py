@@ -12,19 +12,20 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.api import create_api
-from app.auth import Caller, KeyVerifier
-from app.dispatch import ModelRouter
-from app.errors import ApiError
-from app.keystore import Database, KeyStore
-from app.plans import Plans
-from app.protocol import MAX_MESSAGES
-from app.ratelimit import RateLimits, open_storage
-from app.usage_meter import UsageMeter
+from app.http.app import create_api
+from app.accounts.auth import Caller, KeyVerifier
+from app.serving.dispatch import ModelRouter
+from app.openai.errors import ApiError
+from app.accounts.keystore import Database, KeyStore
+from app.limits.plans import Plans
+from app.openai.protocol import MAX_MESSAGES
+from app.limits.admission import RateLimits
+from app.limits.usage_meter import UsageMeter
+from app.limits.counters import MemoryCounters, open_counters
 from tests.app.conftest import bearer
-from tests.conftest import app_args, error_of
+from tests.conftest import REDIS, app_args, error_of
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = REDIS
 PLANS = Plans.model_validate(app_args()["plans"])
 PRO = "ServiceAi-Pro"
 FREE_PRO_RPM = PLANS.get("free").on(PRO).requests_per_minute
@@ -49,7 +50,7 @@ class App:
 @pytest.fixture
 async def app(store: KeyStore) -> AsyncIterator[App]:
     """The API with its rate limits in Redis and a body deadline of half a second."""
-    storage = open_storage(REDIS_URL, key_prefix=f"sai-test-{secrets.token_hex(4)}")
+    storage = open_counters(REDIS_URL, key_prefix=f"sai-test-{secrets.token_hex(4)}")
     limits = RateLimits(PLANS, storage)
     api = create_api(
         ModelRouter({}, created=0), KeyVerifier(store), limits, UsageMeter(store),
@@ -59,7 +60,7 @@ async def app(store: KeyStore) -> AsyncIterator[App]:
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         yield App(client, store, limits)
     await limits.close()
-    await storage.reset()
+    await storage.clear()
 
 
 async def test_a_stranger_gets_401_before_a_byte_of_the_body_is_read(app):
@@ -82,7 +83,7 @@ async def test_a_stranger_gets_401_before_a_byte_of_the_body_is_read(app):
 async def test_a_stranger_is_refused_first_under_a_route_prefix_too(store):
     """Serve mounts an application at its route_prefix: the path then starts with it."""
     api = create_api(
-        ModelRouter({}, created=0), KeyVerifier(store), RateLimits(PLANS, open_storage(None)),
+        ModelRouter({}, created=0), KeyVerifier(store), RateLimits(PLANS, MemoryCounters()),
         UsageMeter(store), body_read_timeout_s=0.5,
     )
 
@@ -185,7 +186,7 @@ async def test_an_exhausted_pool_is_503_key_store_unavailable(database_url):
         async with engine.connect():  # the pool's one connection, held
             api = create_api(
                 ModelRouter({}, created=0), KeyVerifier(store),
-                RateLimits(PLANS, open_storage(None)), UsageMeter(store),
+                RateLimits(PLANS, MemoryCounters()), UsageMeter(store),
             )
             transport = httpx.ASGITransport(app=api, raise_app_exceptions=False)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
@@ -222,7 +223,7 @@ async def test_a_cursor_into_another_users_list_reads_as_unknown(app):
 
 async def test_docs_and_openapi_can_be_switched_off(store):
     api = create_api(
-        ModelRouter({}, created=0), KeyVerifier(store), RateLimits(PLANS, open_storage(None)),
+        ModelRouter({}, created=0), KeyVerifier(store), RateLimits(PLANS, MemoryCounters()),
         UsageMeter(store), api_docs=False,
     )
     transport = httpx.ASGITransport(app=api, raise_app_exceptions=False)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bench import run
-from app.config import ServiceConfig
+from app.config.service import ServiceConfig
 from bench.servers import bare_command, bench_model_type, service_config, service_model_type
 
 GPU_ENGINE = {"max_model_len": 2048, "max_num_seqs": 256, "dtype": "bfloat16",

@@ -98,7 +98,7 @@ def test_replicas_and_proxies_are_where_the_production_config_puts_them(rehearsa
     assert all(b["GPU"] == 1 and b["accelerator_type:H100"] > 0 for b in group["bundles"].values())
     assert set(group["bundles_to_node_id"].values()) == {by_name["gpu_h100"]["node_id"]}
     assert replica["node_id"] == by_name["gpu_h100"]["node_id"]
-    # Its engine runs both shards (vLLM CPU: as processes of the replica, see deployments/engine.py).
+    # Its engine runs both shards (vLLM CPU: as processes of the replica, see deployments/vllm_engine/engine.py).
     shards = [" ".join(p.cmdline()).strip() for p in psutil.Process(replica["pid"]).children(recursive=True)]
     assert sorted(s for s in shards if s.startswith("VLLM::Worker_TP")) == ["VLLM::Worker_TP0",
                                                                             "VLLM::Worker_TP1"]

@@ -9,8 +9,8 @@ import pytest
 from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from app.serve_runtime import SERVE_ENV
-from deployments.config import ray_accelerator_types
+from app.serving.ray_runtime import SERVE_ENV
+from deployments.model_type import ray_accelerator_types
 
 # What AWS sells under these names (vCPUs, GPUs, and the device name NVML reports for them),
 # from the EC2 instance type pages. Ray derives a node's accelerator_type from the NVML name.

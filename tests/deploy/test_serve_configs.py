@@ -20,7 +20,7 @@ from ray.serve.schema import ServeApplicationSchema, ServeDeploySchema
 from ray.util.placement_group import validate_placement_group
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
-from deployments.config import ModelTypeConfig, ray_accelerator_types
+from deployments.model_type import ModelTypeConfig, ray_accelerator_types
 from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import (
     DEPLOY_GUIDE,

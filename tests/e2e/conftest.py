@@ -7,7 +7,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from deployments.config import tiny_model_dir
+from deployments.model_type import tiny_model_dir
 from tests.conftest import Stack
 
 MODEL_TYPES = ["ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"]

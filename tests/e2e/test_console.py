@@ -16,7 +16,7 @@ import openai
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from app.keystore import keygen
+from app.accounts.keystore import keygen
 from tests.conftest import Stack
 from tests.e2e.test_keys import HI, wait_until_refused
 

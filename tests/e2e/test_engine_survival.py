@@ -1,7 +1,7 @@
 """No request kills an engine; an engine that dies anyway is a 503 to every request it held.
 
 A seed with prompts long enough to be prefilled in chunks killed vLLM's CPU engine
-(deployments/seeded_sampling.py): the same load must leave the engine core running and give
+(deployments/vllm_engine/seeded_sampling.py): the same load must leave the engine core running and give
 each seeded request the reply it gets alone.
 """
 

@@ -18,7 +18,7 @@ import pytest
 from ray import serve
 
 from app.builder import build_app
-from app.keystore import Database, KeyStore
+from app.accounts.keystore import Database, KeyStore
 from tests.conftest import APP_NAME, app_args
 from tests.e2e.test_stream_lifecycle import wait_until
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.body_limit import DEFAULT_MAX_BODY_BYTES
+from app.http.body_limit import DEFAULT_MAX_BODY_BYTES
 from tests.conftest import error_of
 
 OK_MESSAGES = [{"role": "user", "content": "hi"}]

@@ -110,7 +110,7 @@ def test_a_client_that_leaves_before_the_first_event_frees_its_slot_and_pays(sta
                 assert "x-ratelimit-limit-requests" in response.headers  # limits were checked
             # Closed on the headers, before reading an event. (Whether the slot is still held
             # at this point is a race: unread, a reply this short can fit in the socket
-            # buffers and end at once. tests/app/test_slots.py proves the lease while held.)
+            # buffers and end at once. tests/app/limits/test_slots.py proves the lease while held.)
     wait_until(lambda: store.zcard(slots) == 0, timeout_s=10)
     wait_until(lambda: engine.running_requests.remote().result() == 0, timeout_s=10)
     usage = usage_of(base_url, key, expected_requests=3)

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from app.keystore import keygen
+from app.accounts.keystore import keygen
 from tests.conftest import Stack, error_of
 from tests.e2e.conftest import serviceai_cli
 

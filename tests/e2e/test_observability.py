@@ -12,7 +12,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.keystore import keygen
+from app.accounts.keystore import keygen
 from tests.conftest import Stack, app_args
 from tests.e2e.conftest import serviceai_cli
 from tests.deploy.test_grafana_dashboard import DASHBOARD, metric_names

@@ -16,8 +16,8 @@ import openai
 import pytest
 from sqlalchemy import select
 
-from app.keystore import Database
-from app.keystore.tables import StoredResponseRow
+from app.accounts.keystore import Database
+from app.accounts.keystore.tables import StoredResponseRow
 from tests.conftest import Stack
 from tests.e2e.test_limits import ingress_app, new_user, usage_of
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from app.serve_process import (
+from app.cli.serve_process import (
     Process,
     descendants,
     haproxies_of,

@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from app.keystore import keygen
+from app.accounts.keystore import keygen
 from tests.conftest import Stack
 
 AUTHORIZATION_HEADER = re.compile(r"(?i)authorization['\"]?\s*[:=,]\s*['\"]?\s*(bearer|basic)")

@@ -12,7 +12,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from rehearsal.cluster import worker_node_types
 from rehearsal.config import OVERRIDE, PRODUCTION_CONFIG, merged, rehearsal_config
-from app.settings import Settings
+from app.config.settings import Settings
 from rehearsal.service import node_env
 from tests.deploy.conftest import build_serve_config
 

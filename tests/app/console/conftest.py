@@ -10,13 +10,13 @@ import httpx
 import pytest
 from ray.exceptions import RayActorError
 
-from app.api import create_api
-from app.auth import KeyVerifier
+from app.http.app import create_api
+from app.accounts.auth import KeyVerifier
 from app.console import mount_console
-from app.dispatch import ModelRouter
-from app.keystore import KeyStore
-from app.settings import Settings
-from app.usage_meter import UsageMeter
+from app.serving.dispatch import ModelRouter
+from app.accounts.keystore import KeyStore
+from app.config.settings import Settings
+from app.limits.usage_meter import UsageMeter
 from tests.app.conftest import shipped_limits
 from tests.app.serve_fakes import serve_response
 

@@ -3,8 +3,8 @@
 import re
 from datetime import timedelta
 
-from app.keystore import keygen
-from app.keystore.usage import UsageCount, UsageKey, today
+from app.accounts.keystore import keygen
+from app.accounts.keystore.usage import UsageCount, UsageKey, today
 from tests.app.console.conftest import Browser
 
 _SECRET = re.compile(r'id="new-key-value">(sai-[A-Za-z0-9_-]+)<')

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.config import IngressConfig
+from app.config.service import IngressConfig
 from app.console import SESSION_COOKIE, require_shared_secret
 from tests.app.console.conftest import PASSWORD, console_settings
 

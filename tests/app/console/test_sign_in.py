@@ -1,6 +1,6 @@
 """Signing in to the console: passwords, users made elsewhere, and the limit on attempts."""
 
-from app.keystore import KeyStore
+from app.accounts.keystore import KeyStore
 from tests.app.console.conftest import PASSWORD
 
 WRONG = "The email or the password is not right."

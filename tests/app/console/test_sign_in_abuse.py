@@ -4,7 +4,7 @@ PostgreSQL; each `new_browser()` talks to the console from 127.0.0.1."""
 
 from __future__ import annotations
 
-from app.keystore import KeyStore
+from app.accounts.keystore import KeyStore
 from tests.app.console.conftest import PASSWORD, csrf_of
 
 

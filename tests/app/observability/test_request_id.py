@@ -11,7 +11,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from app.observability.request_id import MAX_LENGTH, http_middlewares, is_sane
-from app.serve_runtime import SERVE_ENV
+from app.serving.ray_runtime import SERVE_ENV
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,170 @@
+"""The users and keys of the store as the admin API, the account API and `--json` show them.
+
+Times are Unix seconds, as in the rest of the OpenAI format. A key's secret appears only in
+`IssuedApiKey`, once, in the answer to its creation.
+"""
+
+from __future__ import annotations
+
+import re
+import datetime as dt
+from datetime import datetime
+from typing import Annotated, Generic, Literal, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, StringConstraints
+
+from app.accounts.keystore import passwords
+
+DEFAULT_PLAN = "free"
+MAX_PAGE = 1000
+
+_PLAN = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+
+
+def _plan_name(value: str) -> str:
+    if not _PLAN.fullmatch(value):
+        raise ValueError("must be 1-32 lower-case letters, digits, '-' or '_' (e.g. free, pro)")
+    return value
+
+
+PlanName = Annotated[
+    str, AfterValidator(_plan_name),
+    Field(description="A plan of the rate-limit configuration, e.g. 'free' or 'pro'."),
+]
+
+
+def _normalize_email(value: str) -> str:
+    value = value.strip().lower()
+    local, at, domain = value.partition("@")
+    if not at or not local or not domain or "@" in domain or any(c.isspace() for c in value):
+        raise ValueError("is not an email address")
+    return value
+
+
+Email = Annotated[str, StringConstraints(max_length=320), AfterValidator(_normalize_email)]
+
+
+def _printable(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("must not contain control characters")
+    return value
+
+
+KeyName = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100),
+    AfterValidator(_printable),
+]
+
+
+def _password_length(value: SecretStr) -> SecretStr:
+    if not passwords.MIN_LENGTH <= len(value.get_secret_value()) <= passwords.MAX_LENGTH:
+        raise ValueError(
+            f"must be at least {passwords.MIN_LENGTH} characters "
+            f"(and at most {passwords.MAX_LENGTH})"
+        )
+    return value
+
+
+Password = Annotated[SecretStr, AfterValidator(_password_length)]
+"""A new console password: long enough to resist guessing, short enough to hash cheaply."""
+
+
+def unix(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp())
+
+
+class User(BaseModel):
+    object: Literal["user"] = "user"
+    id: str
+    email: str
+    plan: str
+    created_at: int
+    disabled: bool
+    disabled_at: int | None
+
+
+class ApiKey(BaseModel):
+    """A key as lists show it: never the secret, only `display` (prefix and last 4 characters)."""
+
+    object: Literal["api_key"] = "api_key"
+    id: str
+    user_id: str
+    name: str | None
+    display: str = Field(examples=["sai-...x9Qz"])
+    created_at: int
+    last_used_at: int | None
+    revoked_at: int | None
+    revoked: bool
+
+
+class IssuedApiKey(ApiKey):
+    key: str = Field(description="The secret key. Shown only in this response: store it now.")
+
+
+Item = TypeVar("Item", User, ApiKey)
+
+
+class Page(BaseModel, Generic[Item]):
+    """One page of a list, oldest first; pass the last id as `after` for the next one."""
+
+    object: Literal["list"] = "list"
+    data: list[Item]
+    has_more: bool
+
+
+class UserCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    email: Email
+    plan: PlanName = DEFAULT_PLAN
+
+
+class UserUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    plan: PlanName | None = None
+    disabled: bool | None = None
+
+
+class PasswordSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    password: Password
+
+
+class ApiKeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: KeyName | None = None
+
+
+class UsageRecord(BaseModel):
+    """What one key used of one model type on one UTC day (its replies' `usage`, summed)."""
+
+    object: Literal["usage"] = "usage"
+    date: dt.date = Field(description="The UTC day, YYYY-MM-DD.")
+    user_id: str
+    key_id: str
+    model: str = Field(description="The model type, e.g. ServiceAi-Pro.")
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class UsageList(BaseModel):
+    """Usage between two UTC days (both included), by day, then key, then model type."""
+
+    object: Literal["list"] = "list"
+    start_date: dt.date
+    end_date: dt.date
+    data: list[UsageRecord]
+
+
+class UsageTotals(BaseModel):
+    """One model type's usage summed over a day and over all of a user's keys."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0

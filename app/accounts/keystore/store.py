@@ -1,0 +1,378 @@
+"""The key store's operations: users, their keys, and the lookup behind every request."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+
+from sqlalchemy import Insert, Select, bindparam, func, insert, literal, or_, select, tuple_, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.accounts.keystore import keygen, passwords
+from app.accounts.keystore.database import Database
+from app.accounts.keystore.errors import (
+    KeyLimitReached,
+    KeyNotFound,
+    KeyStoreError,
+    UserDisabled,
+    UserExists,
+    UserNotFound,
+    WrongCredentials,
+)
+from app.accounts.keystore.schemas import (
+    DEFAULT_PLAN,
+    ApiKey,
+    IssuedApiKey,
+    Page,
+    UsageList,
+    UsageTotals,
+    User,
+    unix,
+)
+from app.accounts.keystore.tables import ApiKeyRow, DailyUsageRow, UserRow
+from app.accounts.keystore.usage import (
+    UsageCount,
+    UsageKey,
+    add_rows,
+    add_statement,
+    default_range,
+    record_of,
+    today,
+    usage_query,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyOwner:
+    """What a request's key resolves to: enough to accept or refuse it, and for limits."""
+
+    key_id: str
+    key_hash: str
+    user_id: str
+    plan: str
+    revoked: bool
+    user_disabled: bool
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class KeyStore:
+    def __init__(self, database: Database, *, max_keys_per_user: int = 50) -> None:
+        self.database = database
+        self.max_keys_per_user = max_keys_per_user
+
+    # Users
+
+    async def create_user(
+        self, email: str, plan: str = DEFAULT_PLAN, *, password: str | None = None,
+        disabled: bool = False,
+    ) -> User:
+        """A new user; with `password`, one who can sign in to the console; `disabled`, one
+        an operator has yet to enable."""
+        email = email.strip().lower()
+        password_hash = None if password is None else await passwords.hash_password(password)
+        row = UserRow(
+            id=keygen.new_id("user"),
+            email=email,
+            plan=plan,
+            created_at=now(),
+            password_hash=password_hash,
+        )
+        row.disabled_at = row.created_at if disabled else None
+        try:
+            async with self.database.transaction() as session:
+                session.add(row)
+        except IntegrityError:
+            raise UserExists(
+                f"A user with email '{email}' already exists.", param="email"
+            ) from None
+        return _user(row)
+
+    async def get_user(self, user: str) -> User:
+        """A user by id or by email."""
+        async with self.database.transaction() as session:
+            return _user(await _find_user(session, user))
+
+    async def list_users(self, limit: int = 100, after: str | None = None) -> Page[User]:
+        async with self.database.transaction() as session:
+            query = await _page(session, select(UserRow), UserRow, limit, after)
+            rows = list(await session.scalars(query))
+        return Page[User](data=[_user(r) for r in rows[:limit]], has_more=len(rows) > limit)
+
+    async def update_user(
+        self, user: str, *, plan: str | None = None, disabled: bool | None = None
+    ) -> User:
+        async with self.database.transaction() as session:
+            row = await _find_user(session, user)
+            if plan is not None:
+                row.plan = plan
+            if disabled is not None and disabled != (row.disabled_at is not None):
+                row.disabled_at = now() if disabled else None
+        return _user(row)
+
+    async def set_password(self, user: str, password: str, *, end_sessions: bool = True) -> User:
+        """Set (or replace) a user's console password: how CLI-made users get one. Every
+        console session of the user ends (unless only the hash's parameters change)."""
+        password_hash = await passwords.hash_password(password)
+        async with self.database.transaction() as session:
+            row = await _find_user(session, user)
+            row.password_hash = password_hash
+            if end_sessions:
+                row.session_version = UserRow.session_version + 1
+        return await self.get_user(row.id)
+
+    async def session_version(self, user_id: str) -> int | None:
+        """The version a console session of this user must carry; None for no such user."""
+        async with self.database.connection() as connection:
+            return await connection.scalar(
+                select(UserRow.session_version).where(UserRow.id == user_id)
+            )
+
+    async def end_sessions(self, user_id: str) -> None:
+        """End every console session of a user, on every replica (sign-out)."""
+        async with self.database.transaction() as session:
+            await session.execute(
+                update(UserRow)
+                .where(UserRow.id == user_id)
+                .values(session_version=UserRow.session_version + 1)
+            )
+
+    async def check_password(self, email: str, password: str) -> User:
+        """The user with this email and password (disabled or not), else WrongCredentials.
+
+        An unknown email, a user without a password and a wrong password cost the same hash
+        and give the same answer, so that sign-in tells nobody which emails have accounts.
+        """
+        async with self.database.transaction() as session:
+            row = await session.scalar(
+                select(UserRow).where(UserRow.email == email.strip().lower())
+            )
+        matched = await passwords.verify(None if row is None else row.password_hash, password)
+        if row is None or not matched:
+            raise WrongCredentials("The email or the password is not right.")
+        if passwords.needs_rehash(row.password_hash):
+            await self.set_password(row.id, password, end_sessions=False)
+        return _user(row)
+
+    # Keys
+
+    async def create_key(self, user: str, name: str | None = None) -> IssuedApiKey:
+        issued = keygen.issue()
+        async with self.database.transaction() as session:
+            owner = await _find_user(session, user)
+            if owner.disabled_at is not None:
+                raise UserDisabled(f"User {owner.id} is disabled: enable it before adding keys.")
+            owner_id = owner.id
+        row = ApiKeyRow(
+            id=keygen.new_id("key"),
+            user_id=owner_id,
+            key_hash=issued.hash,
+            display=issued.display,
+            name=name,
+            created_at=now(),
+        )
+        async with self.database.transaction() as session:
+            if self.database.dialect == "postgresql":
+                # Parallel creates of one user queue here, so each sees the others' keys.
+                await session.execute(
+                    select(UserRow.id).where(UserRow.id == owner_id).with_for_update()
+                )
+            # One statement: SQLite takes its write lock before the count, so it is atomic.
+            inserted = await session.execute(_insert_within_limit(row, self.max_keys_per_user))
+            if inserted.rowcount == 1:
+                return IssuedApiKey(**_key(row).model_dump(), key=issued.secret)
+        raise KeyLimitReached(
+            f"User {owner_id} already holds {self.max_keys_per_user} active keys, the most "
+            "allowed. Revoke one first."
+        )
+
+    async def list_keys(
+        self, user: str | None = None, limit: int = 100, after: str | None = None
+    ) -> Page[ApiKey]:
+        async with self.database.transaction() as session:
+            query = select(ApiKeyRow)
+            if user is not None:
+                owner = await _find_user(session, user)
+                query = query.where(ApiKeyRow.user_id == owner.id)
+            rows = list(await session.scalars(await _page(session, query, ApiKeyRow, limit, after)))
+        return Page[ApiKey](data=[_key(r) for r in rows[:limit]], has_more=len(rows) > limit)
+
+    async def revoke_key(self, key_id: str, *, owner_id: str | None = None) -> ApiKey:
+        """Revoke a key (again is fine). With `owner_id`, only that user's key is found."""
+        async with self.database.transaction() as session:
+            row = await session.get(ApiKeyRow, key_id)
+            if row is None or (owner_id is not None and row.user_id != owner_id):
+                raise KeyNotFound(f"No API key with id '{key_id}'.", param="key_id")
+            if row.revoked_at is None:
+                row.revoked_at = now()
+        return _key(row)
+
+    async def find_key(self, key_hash: str) -> KeyOwner | None:
+        """The owner of the key with this hash, revoked or not; None for an unknown key."""
+        query = (
+            select(
+                ApiKeyRow.id, ApiKeyRow.key_hash, ApiKeyRow.revoked_at,
+                UserRow.id, UserRow.plan, UserRow.disabled_at,
+            )
+            .join(UserRow, UserRow.id == ApiKeyRow.user_id)
+            .where(ApiKeyRow.key_hash == key_hash)
+        )
+        async with self.database.connection() as connection:
+            found = (await connection.execute(query)).first()
+        if found is None:
+            return None
+        key_id, stored_hash, revoked_at, user_id, plan, disabled_at = found
+        return KeyOwner(
+            key_id=key_id,
+            key_hash=stored_hash,
+            user_id=user_id,
+            plan=plan,
+            revoked=revoked_at is not None,
+            user_disabled=disabled_at is not None,
+        )
+
+    async def record_last_used(self, used: Mapping[str, datetime]) -> None:
+        """Write many keys' last-used times in one statement (never moving one back)."""
+        if not used:
+            return
+        statement = (
+            update(ApiKeyRow)
+            .where(
+                ApiKeyRow.id == bindparam("key_id"),
+                or_(
+                    ApiKeyRow.last_used_at.is_(None),
+                    ApiKeyRow.last_used_at < bindparam("used_at"),
+                ),
+            )
+            .values(last_used_at=bindparam("used_at"))
+        )
+        async with self.database.transaction() as session:
+            connection = await session.connection()
+            await connection.execute(
+                statement, [{"key_id": k, "used_at": t} for k, t in used.items()]
+            )
+
+    # Usage
+
+    async def record_usage(self, counts: Mapping[UsageKey, UsageCount]) -> None:
+        """Add many keys' usage to their day's rows, in one statement."""
+        if not counts:
+            return
+        async with self.database.transaction() as session:
+            connection = await session.connection()
+            await connection.execute(add_statement(self.database.dialect), add_rows(counts))
+
+    async def usage(
+        self,
+        *,
+        user: str | None = None,
+        key_id: str | None = None,
+        start: date | None = None,
+        end: date | None = None,
+    ) -> UsageList:
+        """Usage per key, model type and UTC day, from `start` to `end` (both included; by
+        default the last 30 days), of everyone, of one user (id or email) or of one key.
+
+        The CLI, the admin API and the account API all read usage through this method.
+        """
+        start, end = default_range(start, end)
+        if start > end:
+            raise KeyStoreError(
+                f"start_date {start} is after end_date {end}.", param="start_date"
+            )
+        query = usage_query(start, end)
+        async with self.database.transaction() as session:
+            if user is not None:
+                query = query.where(ApiKeyRow.user_id == (await _find_user(session, user)).id)
+            if key_id is not None:
+                query = query.where(DailyUsageRow.key_id == key_id)
+            rows = (await session.execute(query)).all()
+        return UsageList(
+            start_date=start, end_date=end, data=[record_of(row, owner) for row, owner in rows]
+        )
+
+    async def usage_today(self, user: str) -> dict[str, UsageTotals]:
+        """A user's usage today (UTC) per model type, all their keys together, as written so
+        far (replicas write every SERVICEAI_USAGE_FLUSH_S). Types unused today are absent."""
+        day = today()
+        totals: dict[str, UsageTotals] = {}
+        for record in (await self.usage(user=user, start=day, end=day)).data:
+            total = totals.setdefault(record.model, UsageTotals())
+            total.requests += record.requests
+            total.prompt_tokens += record.prompt_tokens
+            total.completion_tokens += record.completion_tokens
+            total.total_tokens += record.total_tokens
+        return totals
+
+
+async def _find_user(session: AsyncSession, user: str) -> UserRow:
+    column = UserRow.email if "@" in user else UserRow.id
+    row = await session.scalar(select(UserRow).where(column == user.strip().lower()))
+    if row is None:
+        raise UserNotFound(f"No user with {column.key} '{user[:320]}'.", param="user")
+    return row
+
+
+async def _page(
+    session: AsyncSession,
+    query: Select,
+    table: type[UserRow] | type[ApiKeyRow],
+    limit: int,
+    after: str | None,
+) -> Select:
+    """Oldest first, `limit` + 1 rows (to tell whether there are more), after the row `after`."""
+    if after is not None:
+        # Looked up within the list itself: another user's id reads as unknown, as it is here.
+        found = await session.execute(
+            query.with_only_columns(table.created_at, table.id).where(table.id == after)
+        )
+        cursor = found.first()
+        if cursor is None:
+            raise KeyStoreError(
+                f"'after' names no item of this list: '{after[:64]}'.", param="after"
+            )
+        query = query.where(tuple_(table.created_at, table.id) > tuple_(*cursor))
+    return query.order_by(table.created_at, table.id).limit(limit + 1)
+
+
+def _insert_within_limit(row: ApiKeyRow, max_keys: int) -> Insert:
+    """INSERT the key only while its owner holds fewer than `max_keys` active keys."""
+    columns = ("id", "user_id", "key_hash", "display", "name", "created_at")
+    active = (
+        select(func.count())
+        .select_from(ApiKeyRow)
+        .where(ApiKeyRow.user_id == row.user_id, ApiKeyRow.revoked_at.is_(None))
+        .scalar_subquery()
+    )
+    values = select(
+        *(literal(getattr(row, c), getattr(ApiKeyRow, c).type).label(c) for c in columns)
+    ).where(active < max_keys)
+    return insert(ApiKeyRow).from_select(list(columns), values)
+
+
+def _user(row: UserRow) -> User:
+    return User(
+        id=row.id,
+        email=row.email,
+        plan=row.plan,
+        created_at=unix(row.created_at),
+        disabled=row.disabled_at is not None,
+        disabled_at=unix(row.disabled_at),
+    )
+
+
+def _key(row: ApiKeyRow) -> ApiKey:
+    return ApiKey(
+        id=row.id,
+        user_id=row.user_id,
+        name=row.name,
+        display=row.display,
+        created_at=unix(row.created_at),
+        last_used_at=unix(row.last_used_at),
+        revoked_at=unix(row.revoked_at),
+        revoked=row.revoked_at is not None,
+    )

@@ -1,0 +1,319 @@
+"""`serviceai users ...`, `serviceai keys ...` and `serviceai usage`: accounts, keys and their
+usage in the key store.
+
+Every command opens the store named by SERVICEAI_DATABASE_URL (upgrading its schema), prints a
+table or, with --json, the same JSON the admin API returns. Exit codes: 0 done, 1 refused (not
+found, already exists, limit), 2 bad usage or configuration, 3 key store unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, date, datetime
+from typing import NoReturn, TypeVar
+
+import typer
+from pydantic import BaseModel, ValidationError
+
+from app.accounts.keystore import KeyStore, open_store
+from app.accounts.keystore.errors import KeyStoreError
+from app.accounts.keystore.schemas import (
+    DEFAULT_PLAN,
+    ApiKey,
+    ApiKeyCreate,
+    IssuedApiKey,
+    UsageList,
+    PasswordSet,
+    User,
+    UserCreate,
+    UserUpdate,
+)
+from app.config.settings import Settings, get_settings
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+
+EXIT_CODES = (
+    "Store: SERVICEAI_DATABASE_URL. Exit codes: 0 done, 1 refused (not found, exists, limit), "
+    "2 bad usage or configuration, 3 key store unreachable."
+)
+users = typer.Typer(
+    help="Accounts: create, list, disable, enable, change plan, set a console password.",
+    epilog=EXIT_CODES,
+    no_args_is_help=True,
+)
+keys = typer.Typer(
+    help="API keys: create (shown once), list, revoke.", epilog=EXIT_CODES, no_args_is_help=True
+)
+
+JsonOption = typer.Option(False, "--json", help="Print JSON (as the admin API returns it).")
+T = TypeVar("T")
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def fail(message: str, code: int) -> NoReturn:
+    typer.secho(f"Error: {message}", err=True, fg=typer.colors.RED)
+    raise typer.Exit(code)
+
+
+def settings_or_exit() -> Settings:
+    try:
+        return get_settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"SERVICEAI_{'_'.join(map(str, e['loc'])).upper()} "
+            f"{e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        fail(f"invalid configuration: {problems}", EXIT_USAGE)
+
+
+def with_store(operation: Callable[[KeyStore], Awaitable[T]]) -> T:
+    """Run one operation against the configured store, turning its refusals into exit codes."""
+    settings = settings_or_exit()
+
+    async def main() -> T:
+        store = await open_store(settings)
+        try:
+            return await operation(store)
+        finally:
+            await store.database.close()
+
+    try:
+        return asyncio.run(main())
+    except KeyStoreError as exc:
+        fail(exc.message, EXIT_UNAVAILABLE if exc.status >= 500 else EXIT_REFUSED)
+
+
+def validated(model: type[Model], **fields: object) -> Model:
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = ".".join(map(str, first["loc"])).replace("_", "-")
+        fail(f"--{name}: {first['msg'].removeprefix('Value error, ')}", EXIT_USAGE)
+
+
+def when(unix_time: int | None) -> str:
+    if unix_time is None:
+        return "-"
+    return datetime.fromtimestamp(unix_time, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    for line in (headers, *rows):
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+
+
+class UserWithKey(BaseModel):
+    """`users create --with-key --json`: the user and their first key (with its secret)."""
+
+    user: User
+    key: IssuedApiKey
+
+
+def print_json(value: BaseModel) -> None:
+    typer.echo(value.model_dump_json(indent=2))
+
+
+def print_user(user: User) -> None:
+    status = "disabled" if user.disabled else "active"
+    typer.echo(f"User {user.id}: {user.email}, plan {user.plan}, {status}.")
+
+
+def print_issued(key: IssuedApiKey) -> None:
+    name = f' "{key.name}"' if key.name else ""
+    typer.echo(f"Key {key.id}{name} ({key.display}) for {key.user_id}:\n\n    {key.key}\n")
+    typer.echo("Copy it now: it is not shown again.")
+
+
+@users.command("create")
+def create_user(
+    email: str = typer.Option(..., help="The user's email (unique)."),
+    plan: str = typer.Option(DEFAULT_PLAN, help="The rate-limit plan."),
+    with_key: bool = typer.Option(
+        False, "--with-key", help="Also create a first key and print it once."
+    ),
+    key_name: str = typer.Option("default", help="Name of the first key (with --with-key)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Create a user (and, with --with-key, their first API key)."""
+    body = validated(UserCreate, email=email, plan=plan)
+    name = validated(ApiKeyCreate, name=key_name).name
+
+    async def create(store: KeyStore) -> tuple[User, IssuedApiKey | None]:
+        user = await store.create_user(body.email, body.plan)
+        return user, (await store.create_key(user.id, name) if with_key else None)
+
+    user, key = with_store(create)
+    if as_json:
+        print_json(user if key is None else UserWithKey(user=user, key=key))
+        return
+    print_user(user)
+    if key is not None:
+        print_issued(key)
+
+
+@users.command("list")
+def list_users(
+    limit: int = typer.Option(1000, min=1, max=1000, help="At most this many, oldest first."),
+    after: str = typer.Option(None, help="Start after this user id."),
+    as_json: bool = JsonOption,
+) -> None:
+    """List users."""
+    page = with_store(lambda store: store.list_users(limit=limit, after=after))
+    if as_json:
+        print_json(page)
+        return
+    table(
+        ["ID", "EMAIL", "PLAN", "STATUS", "CREATED"],
+        [[u.id, u.email, u.plan, "disabled" if u.disabled else "active", when(u.created_at)]
+         for u in page.data],
+    )
+    if page.has_more:
+        typer.echo(f"... more: --after {page.data[-1].id}")
+
+
+def _update(user: str, as_json: bool, **change: object) -> None:
+    body = validated(UserUpdate, **change)
+    updated = with_store(
+        lambda store: store.update_user(user, plan=body.plan, disabled=body.disabled)
+    )
+    print_json(updated) if as_json else print_user(updated)
+
+
+@users.command("disable")
+def disable_user(
+    user: str = typer.Argument(..., help="User id or email."), as_json: bool = JsonOption
+) -> None:
+    """Disable a user: all their keys stop working (within the key cache TTL)."""
+    _update(user, as_json, disabled=True)
+
+
+@users.command("enable")
+def enable_user(
+    user: str = typer.Argument(..., help="User id or email."), as_json: bool = JsonOption
+) -> None:
+    """Enable a disabled user again: their keys that are not revoked work again."""
+    _update(user, as_json, disabled=False)
+
+
+@users.command("set-plan")
+def set_plan(
+    user: str = typer.Argument(..., help="User id or email."),
+    plan: str = typer.Argument(..., help="The new plan."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Move a user to another plan."""
+    _update(user, as_json, plan=plan)
+
+
+@users.command("set-password")
+def set_password(
+    user: str = typer.Argument(..., help="User id or email."),
+    password_stdin: bool = typer.Option(
+        False, "--password-stdin", help="Read the password from the first line of standard input."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Set a user's console password (users made here or by the admin API have none)."""
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
+    body = validated(PasswordSet, password=password)
+    updated = with_store(
+        lambda store: store.set_password(user, body.password.get_secret_value())
+    )
+    if as_json:
+        print_json(updated)
+        return
+    typer.echo(f"User {updated.id} ({updated.email}) can now sign in to the console.")
+
+
+@keys.command("create")
+def create_key(
+    user: str = typer.Option(..., help="The owner: user id or email."),
+    name: str = typer.Option(None, help="A name to tell the key apart."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Create a key and print it once (the store keeps only its hash)."""
+    key_name = validated(ApiKeyCreate, name=name).name
+    key = with_store(lambda store: store.create_key(user, key_name))
+    print_json(key) if as_json else print_issued(key)
+
+
+@keys.command("list")
+def list_keys(
+    user: str = typer.Option(None, help="Only this user's keys (id or email)."),
+    limit: int = typer.Option(1000, min=1, max=1000, help="At most this many, oldest first."),
+    after: str = typer.Option(None, help="Start after this key id."),
+    as_json: bool = JsonOption,
+) -> None:
+    """List keys (never their secrets)."""
+    page = with_store(lambda store: store.list_keys(user, limit=limit, after=after))
+    if as_json:
+        print_json(page)
+        return
+    table(
+        ["ID", "KEY", "NAME", "USER", "STATUS", "CREATED", "LAST USED"],
+        [[k.id, k.display, k.name or "-", k.user_id, "revoked" if k.revoked else "active",
+          when(k.created_at), when(k.last_used_at)] for k in page.data],
+    )
+    if page.has_more:
+        typer.echo(f"... more: --after {page.data[-1].id}")
+
+
+@keys.command("revoke")
+def revoke_key(
+    key_id: str = typer.Argument(..., help="The key's id (key_...), as `keys list` shows it."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Revoke a key: every replica refuses it within the key cache TTL."""
+    key: ApiKey = with_store(lambda store: store.revoke_key(key_id))
+    if as_json:
+        print_json(key)
+        return
+    ttl = settings_or_exit().key_cache_ttl_s
+    typer.echo(f"Revoked key {key.id} ({key.display}); every replica refuses it within {ttl:g} s.")
+
+
+def usage(
+    user: str = typer.Option(None, help="Only this user's keys (id or email)."),
+    key: str = typer.Option(None, "--key", help="Only this key (key_...)."),
+    start_date: datetime = typer.Option(
+        None, formats=["%Y-%m-%d"], help="First UTC day (default: 29 days before the last)."
+    ),
+    end_date: datetime = typer.Option(
+        None, formats=["%Y-%m-%d"], help="Last UTC day (default: today)."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Usage per key, model type and UTC day: requests, prompt and completion tokens.
+
+    Replicas write usage every SERVICEAI_USAGE_FLUSH_S seconds and when they stop.
+    """
+    start: date | None = start_date.date() if start_date else None
+    end: date | None = end_date.date() if end_date else None
+    report: UsageList = with_store(
+        lambda store: store.usage(user=user, key_id=key, start=start, end=end)
+    )
+    if as_json:
+        print_json(report)
+        return
+    rows = [
+        [str(r.date), r.user_id, r.key_id, r.model, str(r.requests), str(r.prompt_tokens),
+         str(r.completion_tokens), str(r.total_tokens)]
+        for r in report.data
+    ]
+    table(["DATE", "USER", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "TOTAL"], rows)
+    totals = [sum(getattr(r, f) for r in report.data)
+              for f in ("requests", "prompt_tokens", "completion_tokens", "total_tokens")]
+    typer.echo(
+        f"{report.start_date} to {report.end_date}: {totals[0]} requests, {totals[1]} prompt + "
+        f"{totals[2]} completion = {totals[3]} tokens."
+    )

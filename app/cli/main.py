@@ -1,0 +1,178 @@
+"""The `serviceai` command: run the service locally, manage accounts and keys."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import typer
+import yaml
+
+from app.cli.accounts import EXIT_CODES, keys, usage, users, with_store
+from app.accounts.keystore import KeyStore
+from app.accounts.keystore.errors import UserNotFound
+from app.cli.serve_process import PortRefused, ServeRun, claim_runtime_dir, clear_port
+from app.serving.ray_runtime import cluster_env
+from app.config.settings import PROJECT_ROOT
+
+cli = typer.Typer(help="ServiceAi: OpenAI-compatible chat completions on Ray Serve and vLLM.")
+cli.add_typer(users, name="users")
+cli.add_typer(keys, name="keys")
+cli.command("usage", epilog=EXIT_CODES)(usage)
+
+LOCAL_USER = "local@localhost"
+
+
+@cli.callback()
+def _root() -> None:
+    """ServiceAi command line."""
+
+
+@cli.command(epilog="Exit codes: 0 stopped on request, 1 failed to start or died, 2 port refused.")
+def run(
+    config: Path = typer.Option(PROJECT_ROOT / "serve_config.yaml", help="Serve config file."),
+    host: str | None = typer.Option(None, help="Listen address (default: the config's)."),
+    port: int | None = typer.Option(None, help="Listen port (default: the config's)."),
+    ready_timeout_s: float = typer.Option(
+        600, help="How long the service may take to start; then it is stopped (exit code 1)."
+    ),
+    stop_grace_s: float = typer.Option(
+        60, help="After SIGTERM/SIGINT/SIGHUP, how long Serve may take to shut down before "
+        "serve run is killed."
+    ),
+) -> None:
+    """Start the service with `serve run CONFIG` and say how to call it once it answers.
+
+    On the first start (an empty key store) it creates the user local@localhost and a key,
+    and prints that key once. SIGTERM, SIGINT (Ctrl-C) or SIGHUP stops the service and
+    everything it started (Ray, the engines, HAProxy), however this command was started.
+    """
+    http = yaml.safe_load(config.read_text()).get("http_options") or {}
+    host = host or http.get("host", "127.0.0.1")
+    port = port or http.get("port", 8000)
+    # HAProxy's files and ports of this cluster, apart from any other on this machine.
+    runtime_dir = Path(tempfile.gettempdir()) / f"sai-h-{port}"
+    runtime = cluster_env(runtime_dir, _free_port)
+    try:
+        with claim_runtime_dir(runtime_dir, port):
+            clear_port(runtime_dir, host, port, typer.echo)
+            first_key, owner = with_store(_first_start_key)
+            typer.echo(f"Starting ServiceAi from {config} on {host}:{port} "
+                       "(first start takes a minute or two) ...")
+            if (host, port) != (http.get("host"), http.get("port")):
+                config = _with_http_options(config, runtime_dir, host, port)
+            # `--address local`: its own Ray cluster, never one found on the machine.
+            serve = ServeRun(
+                [str(Path(sys.executable).with_name("serve")), "run", "--address", "local",
+                 str(config)],
+                {**os.environ, **runtime}, runtime_dir, stop_grace_s, typer.echo,
+            )
+            serve.start()
+            try:
+                if _wait_ready(f"http://{host}:{port}", serve, ready_timeout_s):
+                    _banner(f"http://{host}:{port}/v1", first_key, owner)
+            finally:
+                code = serve.wait()
+    except PortRefused as exc:
+        typer.echo(str(exc), err=True)
+        code = 2
+    sys.exit(code)
+
+
+def _with_http_options(config: Path, runtime_dir: Path, host: str, port: int) -> Path:
+    """A copy of `config` that listens on host:port (Serve reads them from the file only)."""
+    content = yaml.safe_load(config.read_text())
+    content["http_options"] = {**(content.get("http_options") or {}), "host": host, "port": port}
+    copy = runtime_dir / "serve_config.yaml"
+    copy.write_text(yaml.safe_dump(content, sort_keys=False))
+    return copy
+
+
+async def _first_start_key(store: KeyStore) -> tuple[str | None, str]:
+    """A new key for local@localhost when the store has no user yet; and whom to name in the
+    banner's `keys create --user ...` otherwise."""
+    if not (await store.list_users(limit=1)).data:
+        user = await store.create_user(LOCAL_USER)
+        return (await store.create_key(user.id, "local")).key, LOCAL_USER
+    try:
+        await store.get_user(LOCAL_USER)
+    except UserNotFound:
+        return None, "<your email>"
+    return None, LOCAL_USER
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_ready(origin: str, serve: ServeRun, timeout_s: float) -> bool:
+    """True once every model type can serve (GET /ready); False if serve run exits, a stop
+    is asked for, or the time is up (then it asks for a stop itself)."""
+    deadline = time.monotonic() + timeout_s
+    while serve.running and serve.stop_requested_by is None:
+        if time.monotonic() > deadline:
+            typer.echo(
+                f"The service did not answer within {timeout_s:.0f} s; see the log above.", err=True
+            )
+            serve.request_stop("not ready in time", failed=True)
+            return False
+        try:
+            with urllib.request.urlopen(f"{origin}/ready", timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(2)
+    return False
+
+
+def _serviceai_command() -> str:
+    """How to call this very `serviceai` from the current folder (usually .venv/bin/serviceai)."""
+    script = Path(sys.executable).with_name("serviceai")
+    try:
+        return shlex.quote(os.path.relpath(script))
+    except ValueError:
+        return shlex.quote(str(script))
+
+
+def _banner(base_url: str, key: str | None, owner: str) -> None:
+    if key is None:
+        key_line = (
+            "API key  : create one with\n"
+            f"             {_serviceai_command()} keys create --user {owner}"
+        )
+        shown = "<your key>"
+    else:
+        key_line = f"API key  : {key}\n             (for {owner}; shown once: copy it now)"
+        shown = key
+    typer.echo(
+        f"""
+ServiceAi is ready.
+  Base URL : {base_url}
+  {key_line}
+
+  from openai import OpenAI
+  client = OpenAI(base_url="{base_url}", api_key="{shown}")
+  print(client.chat.completions.create(model="ServiceAi-Fast",
+        messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)
+
+Manage users and keys: {_serviceai_command()} users --help, {_serviceai_command()} keys --help
+Press Ctrl-C (or send SIGTERM to this process) to stop.
+"""
+    )
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

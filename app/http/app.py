@@ -1,0 +1,89 @@
+"""The FastAPI application: routes, error envelope and the state they share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import SecretStr
+
+from app.accounts.auth import AuthenticateFirst, KeyVerifier, store_error
+from app.http.body_limit import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
+from app.http.cors import install_cors
+from app.serving.dispatch import ModelRouter
+from app.openai.errors import install_error_handlers, validation_error
+from app.accounts.keystore.errors import KeyStoreError
+from app.accounts.keystore.responses import ResponseStore
+from app.limits.admission import RateLimits
+from app.observability.metrics import InFlight
+from app.observability.request_record import ObservedRequests
+from app.http.routes import account, admin, chat, completions, health, responses
+from app.http.routes import models as model_routes
+from app.limits.usage_meter import UsageMeter
+
+
+
+def create_api(
+    models: ModelRouter,
+    keys: KeyVerifier,
+    limits: RateLimits,
+    usage: UsageMeter,
+    admin_token: SecretStr | None = None,
+    in_flight: InFlight | None = None,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_read_timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S,
+    cors_origins: Sequence[str] = (),
+    api_docs: bool = True,
+    response_store: ResponseStore | None = None,
+) -> FastAPI:
+    """Build the HTTP API around a model router, a key verifier, the plans' rate limits and the
+    usage meter; /admin only with a token, /docs and /openapi.json only with `api_docs`."""
+    api = FastAPI(
+        title="ServiceAi",
+        summary="OpenAI-compatible chat completions over logical model types.",
+        version="1.0.0",
+        **({} if api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}),
+    )
+    api.state.models = models
+    api.state.keys = keys
+    api.state.store = keys.store
+    api.state.limits = limits
+    api.state.usage = usage
+    api.state.responses = response_store or ResponseStore(keys.store.database)
+    install_error_handlers(api)
+    api.add_exception_handler(KeyStoreError, _store_error)
+    api.add_exception_handler(RequestValidationError, _refused_body)
+    # A stranger's body is never read; a caller's is read within a deadline and a size cap.
+    api.add_middleware(AuthenticateFirst, verifier=keys)
+    install_cors(api, cors_origins)
+    api.add_middleware(
+        BodyLimit, max_body_bytes=max_body_bytes, read_timeout_s=body_read_timeout_s
+    )
+    # Outermost, so that refusals of the inner layers (413, CORS) are counted and logged too.
+    api.add_middleware(ObservedRequests, in_flight=in_flight or InFlight())
+    api.include_router(health.router)
+    api.include_router(model_routes.router)
+    api.include_router(chat.router)
+    api.include_router(completions.router)
+    api.include_router(responses.router)
+    api.include_router(account.router)
+    if admin_token is not None:
+        api.state.admin_token = admin_token.get_secret_value().encode()
+        api.include_router(admin.router)
+    return api
+
+
+def _store_error(request: Request, exc: KeyStoreError) -> JSONResponse:
+    return store_error(exc).response()
+
+
+async def _refused_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A 400 for the body; an authenticated caller's refusal counts against its request rate."""
+    caller = request.scope.get("state", {}).get("caller")
+    if caller is not None:
+        body = exc.body if isinstance(exc.body, dict) else {}
+        request.app.state.limits.count_refused(caller, body.get("model"))
+    return validation_error(request, exc)

@@ -1,0 +1,141 @@
+"""/admin: users and keys for operators, behind the admin token (never a user's key).
+
+Mounted only when SERVICEAI_ADMIN_TOKEN is set; without it the admin API does not exist.
+"""
+
+from __future__ import annotations
+
+import hmac
+from datetime import date
+
+from fastapi import APIRouter, Depends, Query, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from app.accounts.auth import KeyVerifier
+from app.openai.errors import ApiError
+from app.accounts.keystore import KeyStore
+from app.accounts.keystore.schemas import (
+    MAX_PAGE,
+    ApiKey,
+    ApiKeyCreate,
+    IssuedApiKey,
+    Page,
+    UsageList,
+    User,
+    UserCreate,
+    UserUpdate,
+)
+from app.observability.metrics import authentication_failed
+from app.openai.protocol import ErrorResponse
+
+_admin_bearer = HTTPBearer(
+    auto_error=False, scheme_name="AdminToken", description="The SERVICEAI_ADMIN_TOKEN."
+)
+
+
+def require_admin(
+    request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_admin_bearer)
+) -> None:
+    expected: bytes = request.app.state.admin_token
+    given = credentials.credentials.encode() if credentials else b""
+    if not hmac.compare_digest(given, expected):
+        authentication_failed("admin_token")
+        raise ApiError(
+            401,
+            "The admin API needs 'Authorization: Bearer <admin token>' with the configured "
+            "admin token (SERVICEAI_ADMIN_TOKEN); API keys are not accepted here.",
+            code="invalid_admin_token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+router = APIRouter(
+    prefix="/admin",
+    tags=["admin"],
+    dependencies=[Depends(require_admin)],
+    responses={status: {"model": ErrorResponse} for status in (400, 401, 404, 409, 503)},
+)
+
+
+def _store(request: Request) -> KeyStore:
+    return request.app.state.store
+
+
+def _keys(request: Request) -> KeyVerifier:
+    return request.app.state.keys
+
+
+def _offered(request: Request, plan: str | None) -> None:
+    """A 400 naming the configured plans when `plan` is not one of them."""
+    plans = request.app.state.limits.plans
+    if plan is not None and plans.get(plan) is None:
+        raise ApiError(
+            400,
+            f"There is no plan '{plan}'. Plans: {', '.join(plans.names)} (serve_config.yaml).",
+            param="plan",
+            code="unknown_plan",
+        )
+
+
+@router.post("/users", status_code=201, response_model=User)
+async def create_user(body: UserCreate, request: Request) -> User:
+    _offered(request, body.plan)
+    return await _store(request).create_user(body.email, body.plan)
+
+
+@router.get("/users", response_model=Page[User])
+async def list_users(
+    request: Request,
+    limit: int = Query(100, ge=1, le=MAX_PAGE),
+    after: str | None = Query(None, description="The id of the last user of the previous page."),
+) -> Page[User]:
+    return await _store(request).list_users(limit=limit, after=after)
+
+
+@router.get("/users/{user}", response_model=User)
+async def get_user(user: str, request: Request) -> User:
+    """A user by id or email."""
+    return await _store(request).get_user(user)
+
+
+@router.patch("/users/{user}", response_model=User)
+async def update_user(user: str, body: UserUpdate, request: Request) -> User:
+    """Change the plan, or disable (and enable) the user: a disabled user's keys stop working."""
+    _offered(request, body.plan)
+    updated = await _store(request).update_user(user, plan=body.plan, disabled=body.disabled)
+    _keys(request).forget(user_id=updated.id)
+    return updated
+
+
+@router.post("/users/{user}/keys", status_code=201, response_model=IssuedApiKey)
+async def create_key(user: str, request: Request, body: ApiKeyCreate | None = None) -> IssuedApiKey:
+    """A new key for the user. The secret `key` is in this response only."""
+    return await _store(request).create_key(user, (body or ApiKeyCreate()).name)
+
+
+@router.get("/keys", response_model=Page[ApiKey])
+async def list_keys(
+    request: Request,
+    user: str | None = Query(None, description="Only this user's keys (id or email)."),
+    limit: int = Query(100, ge=1, le=MAX_PAGE),
+    after: str | None = Query(None, description="The id of the last key of the previous page."),
+) -> Page[ApiKey]:
+    return await _store(request).list_keys(user, limit=limit, after=after)
+
+
+@router.delete("/keys/{key_id}", response_model=ApiKey)
+async def revoke_key(key_id: str, request: Request) -> ApiKey:
+    """Revoke a key: refused at once by this replica, by every other within the key cache TTL."""
+    return await _keys(request).revoke(key_id)
+
+
+@router.get("/usage", response_model=UsageList)
+async def get_usage(
+    request: Request,
+    user: str | None = Query(None, description="Only this user's keys (id or email)."),
+    key_id: str | None = Query(None, description="Only this key."),
+    start_date: date | None = Query(None, description="First UTC day (default: 29 days back)."),
+    end_date: date | None = Query(None, description="Last UTC day (default: today)."),
+) -> UsageList:
+    """Usage per key, model type and UTC day: requests, prompt and completion tokens."""
+    return await _store(request).usage(user=user, key_id=key_id, start=start_date, end=end_date)

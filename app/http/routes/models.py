@@ -1,0 +1,34 @@
+"""GET /v1/models and /v1/models/{id}: the logical model types (with their context length),
+never the concrete models."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from app.accounts.auth import Caller, authenticate
+from app.serving.dispatch import ModelRouter
+from app.openai.protocol import ErrorResponse, ModelCard, ModelList
+
+router = APIRouter()
+
+
+@router.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorResponse}})
+async def list_models(request: Request, caller: Caller = Depends(authenticate)) -> ModelList:
+    models: ModelRouter = request.app.state.models
+    return ModelList(data=[await _card(models, name) for name in models.names])
+
+
+@router.get(
+    "/v1/models/{model_id}",
+    response_model=ModelCard,
+    responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}},
+)
+async def retrieve_model(
+    model_id: str, request: Request, caller: Caller = Depends(authenticate)
+) -> ModelCard:
+    models: ModelRouter = request.app.state.models
+    return await _card(models, models.get(model_id).name)
+
+
+async def _card(models: ModelRouter, name: str) -> ModelCard:
+    return ModelCard(id=name, created=models.created, max_model_len=await models.max_model_len(name))

@@ -1,0 +1,67 @@
+"""Plans: what each plan allows per model type. Configured under `plans:` in serve_config.yaml.
+
+A user's plan is a name in the key store (`users.plan`); the limits behind the name live here,
+so changing a plan's numbers is a config change, and moving a user is a store change.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator
+
+from app.accounts.keystore.schemas import PlanName
+
+
+class ModelTypeLimits(BaseModel):
+    """One plan's limits on one model type, per user (all of the user's keys together)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests_per_minute: int = Field(ge=1)
+    tokens_per_minute: int = Field(ge=1, description="Prompt plus completion tokens.")
+    concurrent_requests: int = Field(ge=1, description="Requests in flight at once.")
+    tokens_per_day: int = Field(
+        ge=1, description="Daily quota of prompt plus completion tokens, per UTC day."
+    )
+
+
+class Plan(RootModel[dict[str, ModelTypeLimits]]):
+    """The limits of a plan by model type name."""
+
+    model_config = ConfigDict(frozen=True)
+
+    def on(self, model_type: str) -> ModelTypeLimits:
+        return self.root[model_type]
+
+
+class Plans(RootModel[dict[PlanName, Plan]]):
+    """Every plan by name. Each must give limits for every model type the service serves."""
+
+    model_config = ConfigDict(frozen=True)
+
+    @field_validator("root")
+    @classmethod
+    def _some_plan(cls, value: dict[str, Plan]) -> dict[str, Plan]:
+        if not value:
+            raise ValueError("at least one plan is needed (e.g. free)")
+        return value
+
+    def check_covers(self, model_types: list[str]) -> None:
+        """Raise ValueError naming a plan that gives no limits for a served model type.
+
+        Limits for types this application does not serve are allowed: a config that serves
+        a subset of the types keeps the full plans (a misspelt type shows up as missing).
+        """
+        for name, plan in self.root.items():
+            missing = [t for t in model_types if t not in plan.root]
+            if missing:
+                raise ValueError(
+                    f"plan '{name}' gives no limits for model types {missing} "
+                    f"(it has: {sorted(plan.root)})"
+                )
+
+    def get(self, name: str) -> Plan | None:
+        return self.root.get(name)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.root)

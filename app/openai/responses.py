@@ -1,0 +1,246 @@
+"""The OpenAI Responses wire format as the gateway checks it: what is served, what is refused.
+
+The model replica's vLLM validates the rest. Here: the fields the service cannot honour are
+refused with a 400 naming them (never ignored), input items are checked and given ids (they
+are stored and paged by id), and the body for the replica is built: the whole conversation,
+with `store` off and no `previous_response_id`, because the gateway keeps the store.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.openai.errors import ApiError
+from app.openai.protocol import Seed
+
+BUILT_IN_TOOLS = (
+    "web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use",
+    "computer_use_preview", "mcp", "image_generation", "local_shell", "shell", "apply_patch",
+)
+# Fields of OpenAI's request the service cannot honour, refused when set to anything but
+# their "off" value (SDKs send some of them as null or empty on every call).
+_REFUSED: dict[str, tuple[Any, ...]] = {
+    "background": (None, False),
+    "include": (None, []),
+    "reasoning": (None, {}),
+    "prompt": (None,),
+    "conversation": (None,),
+    "truncation": (None, "disabled"),
+    "service_tier": (None, "auto", "default"),
+    "top_logprobs": (None, 0),
+    "max_tool_calls": (None,),
+    "stream_options": (None,),
+    "prompt_cache_key": (None,),
+    "safety_identifier": (None,),
+}
+_ROLES = ("user", "system", "developer", "assistant")
+_PART_TYPES = ("input_text", "output_text")
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_schema", "json_object"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: TextFormat | None = None
+
+
+class ResponseCreateRequest(BaseModel):
+    """POST /v1/responses. Fields outside this model are refused by name (see `refusal`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(max_length=256)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    text: TextConfig | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool = True
+    stream: bool = False
+    previous_response_id: str | None = Field(None, max_length=64)
+    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
+    user: str | None = None
+    # vLLM's extensions, as in chat: a seed for reproducible sampling, and generating up to
+    # max_output_tokens even past end-of-text.
+    seed: Seed | None = None
+    ignore_eos: bool = False
+
+    def check(self) -> None:
+        """Refuse what the service cannot honour: a 400 naming the field."""
+        for name, value in (self.model_extra or {}).items():
+            if name not in _REFUSED:
+                raise unsupported(name, f"'{name}' is not a parameter of /v1/responses.")
+            if value not in _REFUSED[name]:
+                raise unsupported(name, f"ServiceAi does not support '{name}' on /v1/responses.")
+        for index, tool in enumerate(self.tools or ()):
+            kind = tool.get("type")
+            if kind != "function":
+                raise unsupported(
+                    f"tools[{index}].type",
+                    f"Built-in tool '{kind}' is not available on ServiceAi: only function "
+                    "tools are.",
+                )
+            try:
+                FunctionTool.model_validate(tool)
+            except ValueError as exc:
+                raise ApiError(
+                    400, f"Invalid function tool: {_first_error(exc)}.",
+                    param=f"tools[{index}]", code="invalid_value",
+                ) from None
+        if isinstance(self.tool_choice, NamedFunction):
+            names = [t.get("name") for t in self.tools or ()]
+            if self.tool_choice.name not in names:
+                raise ApiError(
+                    400,
+                    f"tool_choice names function '{self.tool_choice.name}', which is not in "
+                    "tools.",
+                    param="tool_choice",
+                    code="invalid_value",
+                )
+
+    def new_items(self) -> list[dict[str, Any]]:
+        """This turn's input as checked items, each with an id."""
+        if isinstance(self.input, str):
+            return [_message("user", [{"type": "input_text", "text": self.input}])]
+        return [_checked_item(item, index) for index, item in enumerate(self.input)]
+
+    def payload(self, response_id: str, conversation: list[dict[str, Any]]) -> dict[str, Any]:
+        """What the model replica gets: everything the model must see (the whole
+        conversation), and what the gateway does with the response, for the replica to echo
+        (it stores nothing, and resolves no previous id)."""
+        body = self.model_dump(
+            exclude_none=True, by_alias=True, exclude={*(self.model_extra or {})},
+        )
+        body.update(
+            input=conversation, request_id=response_id, store=self.store,
+            previous_response_id=self.previous_response_id,
+        )
+        return body
+
+
+def new_response_id() -> str:
+    return f"resp_{secrets.token_hex(24)}"
+
+
+def _message(role: str, content: list[dict[str, Any]], item_id: str | None = None) -> dict[str, Any]:
+    return {"id": item_id or f"msg_{secrets.token_hex(24)}", "type": "message", "role": role,
+            "content": content}
+
+
+def _checked_item(item: dict[str, Any], index: int) -> dict[str, Any]:
+    kind = item.get("type", "message")
+    where = f"input[{index}]"
+    if kind == "message":
+        role = item.get("role")
+        if role not in _ROLES:
+            raise invalid(f"{where}.role", f"role must be one of {', '.join(_ROLES)}")
+        content = item.get("content")
+        if isinstance(content, str):
+            parts = [{"type": "output_text" if role == "assistant" else "input_text",
+                      "text": content}]
+        elif isinstance(content, list):
+            parts = [_checked_part(part, f"{where}.content[{i}]") for i, part in enumerate(content)]
+        else:
+            raise invalid(f"{where}.content", "content must be a string or a list of text parts")
+        return _message(role, parts, _string(item.get("id"), f"{where}.id"))
+    if kind == "function_call":
+        return {
+            "id": _string(item.get("id"), f"{where}.id") or f"fc_{secrets.token_hex(24)}",
+            "type": "function_call",
+            "call_id": _required(item, "call_id", where),
+            "name": _required(item, "name", where),
+            "arguments": _required(item, "arguments", where),
+            "status": "completed",
+        }
+    if kind == "function_call_output":
+        return {
+            "id": _string(item.get("id"), f"{where}.id") or f"fco_{secrets.token_hex(24)}",
+            "type": "function_call_output",
+            "call_id": _required(item, "call_id", where),
+            "output": _required(item, "output", where),
+        }
+    raise unsupported(
+        f"{where}.type",
+        f"Input items of type '{str(kind)[:64]}' are not supported: send messages, "
+        "function_call and function_call_output items.",
+    )
+
+
+def _checked_part(part: Any, where: str) -> dict[str, Any]:
+    if not isinstance(part, dict) or part.get("type") not in _PART_TYPES:
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        raise unsupported(
+            f"{where}.type",
+            f"Content parts of type '{str(kind)[:64]}' are not supported: send input_text.",
+        )
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise invalid(f"{where}.text", "text must be a string")
+    checked = {"type": part["type"], "text": text}
+    if part["type"] == "output_text":
+        checked["annotations"] = []
+    return checked
+
+
+def _required(item: dict[str, Any], name: str, where: str) -> str:
+    value = item.get(name)
+    if not isinstance(value, str):
+        raise invalid(f"{where}.{name}", f"'{name}' must be a string")
+    return value
+
+
+def _string(value: Any, param: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise invalid(param, "must be a string")
+    return value
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and errors():
+        first = errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+    return str(exc)
+
+
+def invalid(param: str, message: str) -> ApiError:
+    return ApiError(400, f"Invalid value for '{param}': {message}.", param=param,
+                    code="invalid_value")
+
+
+def unsupported(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param, code="unsupported_parameter")

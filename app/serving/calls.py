@@ -1,0 +1,93 @@
+"""/v1/chat/completions and /v1/completions as `ApiCall`s of the pipeline.
+
+Both relay the replica's bytes as they are (vLLM's serving layer encoded them) and end a broken
+stream with OpenAI's `data: {"error": ...}` event and `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from app.openai.errors import ApiError
+from app.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerationFields
+from app.serving.pipeline import check_tools
+from deployments.wire import ModelInfo, ReplyPart
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+class _GenerationCall:
+    """What chat and completions share."""
+
+    api: str
+    cap_field: str
+    prompt_bytes = 0
+
+    def __init__(self, body: GenerationFields) -> None:
+        self.body = body
+        self.model = body.model
+        self.stream = bool(body.stream)
+
+    def check_fields(self) -> None:
+        refused = self.body.unsupported_field()
+        if refused is not None:
+            name, reason = refused
+            raise ApiError(400, reason, param=name, code="unsupported_parameter")
+
+    async def prepare(self) -> None:
+        pass
+
+    def payload(self) -> dict:
+        return self.body.to_engine()
+
+    async def whole(self, data: bytes) -> bytes:
+        return data
+
+    async def events(self, part: ReplyPart) -> bytes:
+        return part.data
+
+    def error_event(self, error: ApiError) -> bytes:
+        """The client raises on a `data: {"error": ...}` event."""
+        return b"data: " + orjson.dumps(error.body()) + b"\n\n" + DONE_EVENT
+
+
+class ChatCall(_GenerationCall):
+    api = "chat"
+    cap_field = "max_completion_tokens"
+
+    def __init__(self, body: ChatCompletionRequest) -> None:
+        super().__init__(body)
+        self.reply_limit = body.reply_limit
+        self.reply_param = (
+            "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        )
+        self.choices = body.choices
+        self.reply_tokens = None if body.reply_limit is None else body.reply_limit * body.choices
+
+    def check_against_model(self, model: ModelInfo) -> None:
+        body = self.body
+        check_tools(model, body.tools, body.tool_choice)
+        if body.reasoning_effort is not None and model.reasoning_parser is None:
+            raise ApiError(
+                400,
+                f"{model.name} does not reason before answering: reasoning_effort is not "
+                "supported.",
+                param="reasoning_effort",
+                code="unsupported_parameter",
+            )
+
+
+class CompletionCall(_GenerationCall):
+    api = "completion"
+    cap_field = "max_tokens"
+    reply_param = "max_tokens"
+
+    def __init__(self, body: CompletionRequest) -> None:
+        super().__init__(body)
+        self.reply_limit = body.reply_limit
+        # The engine makes best_of candidates of each prompt, n of which are returned.
+        self.choices = max(body.choices, body.best_of or 1) * body.prompts
+        self.reply_tokens = body.reply_limit * self.choices
+
+    def check_against_model(self, model: ModelInfo) -> None:
+        pass

@@ -1,0 +1,320 @@
+"""Dispatch to the model deployments: one Ray Serve handle per logical model type.
+
+Maps what can go wrong on the far side of a handle (engine errors, dead replicas, full
+queues, no healthy replica) to the API errors a client gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
+
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    ReplicaUnavailableError,
+)
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from app.openai.errors import ApiError
+from app.serving.stream_feeds import INGRESS_ID, FeedLost, Feeds, StreamParts
+from deployments.ray_internals import (
+    DeploymentResponseBase,
+    running_replicas,
+    scales_to_zero,
+    when_assigned,
+)
+from deployments.wire import GenerationError, ModelInfo, ReplyPart
+
+logger = logging.getLogger("ray.serve.serviceai")
+
+RETRY_AFTER_UNAVAILABLE_S = 5
+RETRY_AFTER_OVERLOADED_S = 1
+INFO_TTL_S = 30.0
+ORPHAN_CHECK_S = 1.0
+_Response = TypeVar("_Response", bound=DeploymentResponseBase)
+PartStream = DeploymentResponseGenerator | StreamParts
+"""A stream's parts after its first: from its own call, or from a feed (app.serving.stream_feeds)."""
+
+
+class ModelEndpoint:
+    """The handle of one model type, with the failures of a call turned into `ApiError`s."""
+
+    def __init__(self, name: str, handle: DeploymentHandle, feed_min_streams: int = 0) -> None:
+        self.name = name
+        self.handle = handle
+        # Our requests and chunks are plain dataclasses and tuples: C pickle instead of Serve's
+        # default cloudpickle (a Python-level pickler, paid on every streamed chunk).
+        self._whole = handle.options(request_serialization="pickle", response_serialization="pickle")
+        self._streaming = self._whole.options(stream=True)
+        self._feeds = Feeds(self._streaming, feed_min_streams)
+        self._info: ModelInfo | None = None
+        self._info_at = 0.0
+        # Calls Serve has not yet given a replica (see refuse_waiting); the router's thread
+        # removes them once assigned or cancelled.
+        self._waiting: set[DeploymentResponseBase] = set()
+        self._refused: weakref.WeakSet[DeploymentResponseBase] = weakref.WeakSet()
+
+    async def open_stream(self, api: str, body: dict) -> tuple[ReplyPart, PartStream]:
+        """Start a stream of `api` and wait for its first part, so that a refusal is still an
+        HTTP status. The rest of the stream comes on its own call, or on this ingress's feed
+        from the replica (app.serving.stream_feeds)."""
+        feeds = self._feeds
+        if feeds.enabled():
+            key = feeds.next_key()
+            response = self._streaming.stream.remote(api, body, INGRESS_ID, key)
+        else:
+            response = self._streaming.stream.remote(api, body)
+        self._track(response)
+        try:
+            first = await response.__anext__()
+        except StopAsyncIteration:
+            raise self.error(EOFError("stream ended before its first part")) from None
+        except BaseException as exc:
+            raise self._failure(response, exc) from None
+        if feeds.enabled():
+            return first, feeds.opened(key, response, first)
+        return first, response
+
+    async def reply(self, api: str, body: dict) -> ReplyPart:
+        """The whole reply of a request of `api` without `stream`: its JSON body (joined from
+        the parts that carry it) and the engine's token counts.
+
+        Until the body comes, the replica sends the counts so far every second or so; if the
+        call fails or this task is cancelled (the client left) first, what is raised carries
+        the last of them as `engine_usage`, the charge (unless the error carries its own).
+        """
+        response = self._track(self._streaming.reply.remote(api, body))
+        pieces: list[bytes] = []
+        counted = (0, 0)
+        try:
+            async for part in response:
+                pieces.append(part.data)  # a large body comes in several parts
+                if part.last:
+                    return part._replace(data=b"".join(pieces))
+                counted = (part.prompt_tokens, part.completion_tokens)
+            raise EOFError("the reply ended without its body")
+        except BaseException as exc:
+            failure = self._failure(response, exc)
+            if getattr(failure, "engine_usage", (0, 0)) == (0, 0):
+                failure.engine_usage = counted
+            raise failure from None
+
+    async def info(self) -> ModelInfo:
+        """What the model type's replicas serve (context length, tool parser), asked again
+        every `INFO_TTL_S`: a rollout that changes them is seen without restarting the ingress."""
+        now = time.monotonic()
+        if self._info is None or now - self._info_at > INFO_TTL_S:
+            response = self._track(self._whole.info.remote())
+            try:
+                self._info = await response
+            except Exception as exc:
+                if self._info is None:
+                    raise self._failure(response, exc) from None
+                # No replica answers now: keep what the last one said until the next try.
+            self._info_at = now
+        return self._info
+
+    async def prompt_tokens(self, api: str, body: dict) -> int:
+        """The prompt's length as a replica renders it for generation, nothing generated;
+        a prompt the replica would refuse (beyond the context, say) is its `ApiError`."""
+        response = self._track(self._whole.prompt_tokens.remote(api, body))
+        try:
+            return await response
+        except BaseException as exc:
+            raise self._failure(response, exc) from None
+
+    def _track(self, response: _Response) -> _Response:
+        """`response`, known as waiting until Serve gives it a replica (see refuse_waiting)."""
+        waiting = self._waiting
+        waiting.add(response)
+        when_assigned(response, lambda: waiting.discard(response))
+        return response
+
+    @property
+    def has_waiting(self) -> bool:
+        return bool(self._waiting)
+
+    def refuse_waiting(self) -> int:
+        """Refuse the calls that wait for a replica; how many there were.
+
+        Serve's router holds a call until some replica takes it, however long that is: after
+        a lost node, until a node that can host the type is back. Where the type has no
+        replica left and will not start one for a request (it does not scale to zero), those
+        calls get the 503 `model_unavailable` that a request arriving now gets.
+        """
+        refused = list(self._waiting)  # one C call: the router's thread cannot change it meanwhile
+        for response in refused:
+            self._refused.add(response)
+            response.cancel()
+        return len(refused)
+
+    def _failure(self, response: DeploymentResponseBase, exc: BaseException) -> BaseException:
+        """What to raise for a call that ended in `exc` (a cancel of this task is re-raised);
+        the call is cancelled, if it still runs."""
+        response.cancel()
+        if response in self._refused:
+            return unavailable(self.name)
+        return self.error(exc) if isinstance(exc, Exception) else exc
+
+    def error(self, exc: BaseException) -> ApiError:
+        """The API error for a failed call to this model type."""
+        cause = getattr(exc, "cause", None) or exc
+        if isinstance(cause, GenerationError):
+            headers = (
+                {"Retry-After": str(RETRY_AFTER_UNAVAILABLE_S)} if cause.status == 503 else None
+            )
+            error = ApiError(
+                cause.status,
+                cause.message,
+                type=cause.type,
+                param=cause.param,
+                code=cause.code,
+                headers=headers,
+            )
+            # What the engine processed before it failed, for the charge.
+            error.engine_usage = (cause.prompt_tokens, cause.completion_tokens)
+            return error
+        if isinstance(cause, BackPressureError):
+            return ApiError(
+                503,
+                f"{self.name} is at capacity: every replica and its queue are full. "
+                f"Retry in {RETRY_AFTER_OVERLOADED_S} s.",
+                type="server_error",
+                code="model_overloaded",
+                headers={"Retry-After": str(RETRY_AFTER_OVERLOADED_S)},
+            )
+        if isinstance(
+            cause,
+            (RayActorError, DeploymentUnavailableError, ReplicaUnavailableError, FeedLost),
+        ):
+            return unavailable(self.name)
+        logger.error("Call to %s failed: %r", self.name, cause)
+        return ApiError(
+            500,
+            f"{self.name} failed to process the request.",
+            type="server_error",
+            code="internal_error",
+        )
+
+
+def unavailable(name: str) -> ApiError:
+    return ApiError(
+        503,
+        f"{name} has no healthy replica right now. Retry in {RETRY_AFTER_UNAVAILABLE_S} s.",
+        type="server_error",
+        code="model_unavailable",
+        headers={"Retry-After": str(RETRY_AFTER_UNAVAILABLE_S)},
+    )
+
+
+class ModelRouter:
+    """Resolves the `model` of a request to its endpoint; refuses types with no running replica."""
+
+    def __init__(
+        self,
+        handles: Mapping[str, DeploymentHandle],
+        created: int,
+        scale_to_zero: frozenset[str] | None = frozenset(),
+        feed_min_streams: int = 0,
+    ) -> None:
+        """`scale_to_zero`: the types the config says scale to zero, or None where the config
+        does not describe them (another application deploys them); Serve's word comes first."""
+        self.created = created
+        self._endpoints = {
+            name: ModelEndpoint(name, h, feed_min_streams) for name, h in handles.items()
+        }
+        self._scale_to_zero = scale_to_zero
+        self._has_served: set[str] = set()
+
+    @property
+    def names(self) -> Sequence[str]:
+        return list(self._endpoints)
+
+    def get(self, model: str) -> ModelEndpoint:
+        """The endpoint of a model type, healthy or not; 404 for an unknown model."""
+        endpoint = self._endpoints.get(model)
+        if endpoint is None:
+            raise ApiError(
+                404,
+                f"The model '{model[:100]}' does not exist. "
+                f"Available models: {', '.join(self._endpoints)}.",
+                param="model",
+                code="model_not_found",
+            )
+        return endpoint
+
+    def resolve(self, model: str) -> ModelEndpoint:
+        """The endpoint to dispatch to: 404 for an unknown model, 503 when it has no replica.
+
+        A type that scales to zero is the exception: there a request is what starts a
+        replica, so it waits for the cold start instead. So does a request while the handle
+        has not heard the replicas or the config of its type.
+        """
+        endpoint = self.get(model)
+        count = running_replicas(endpoint.handle)
+        if count == 0 and self._scales_to_zero(model) is False:
+            raise unavailable(model)
+        if count:
+            self._has_served.add(model)
+        return endpoint
+
+    def _scales_to_zero(self, model: str) -> bool | None:
+        """Whether a type may have no replica: as Serve says, else as the config says; None
+        while neither knows (a type of another application before its handle heard)."""
+        known = scales_to_zero(self.get(model).handle)
+        if known is not None or self._scale_to_zero is None:
+            return known
+        return model in self._scale_to_zero
+
+    async def max_model_len(self, model: str) -> int | None:
+        """The context length of a model type; None while it has no replica to ask."""
+        endpoint = self.get(model)
+        if running_replicas(endpoint.handle) == 0:
+            return None
+        try:
+            return (await endpoint.info()).max_model_len
+        except ApiError:
+            return None
+
+    def refuse_orphans(self) -> None:
+        """Refuse the calls waiting for a replica of a type that has none left and does not
+        start one for a request (ModelEndpoint.refuse_waiting)."""
+        for name, endpoint in self._endpoints.items():
+            if not endpoint.has_waiting or running_replicas(endpoint.handle) != 0:
+                continue
+            if self._scales_to_zero(name) is False:
+                refused = endpoint.refuse_waiting()
+                logger.warning("%s has no replica left: %d waiting requests refused", name, refused)
+
+    async def refuse_orphans_periodically(self, every_s: float = ORPHAN_CHECK_S) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                self.refuse_orphans()
+            except Exception as exc:  # a bug here must not stop the next rounds
+                logger.error("Checking for requests without a replica failed: %r", exc)
+
+    def readiness(self) -> dict[str, str]:
+        """Per type: 'ready' (a replica runs, or it scales to zero and starts on demand),
+        'pending' (no replica has run yet: its first one waits for a node that has the
+        resources it asks for, or for its engine), 'unavailable' (it had replicas, none is
+        left), or 'unknown' (the router has not heard from Serve yet)."""
+        states = {}
+        for name, endpoint in self._endpoints.items():
+            count = running_replicas(endpoint.handle)
+            # A replica runs, or a request would start one; None: Serve has not said yet.
+            serves = None if count is None else count > 0 or self._scales_to_zero(name)
+            if serves is None:
+                states[name] = "unknown"
+            elif serves:
+                states[name] = "ready"
+                self._has_served.add(name)
+            else:
+                states[name] = "unavailable" if name in self._has_served else "pending"
+        return states

@@ -1,0 +1,254 @@
+"""One request through the gateway to a model type and its reply back: every API, one path.
+
+Chat, completions and responses take the same steps in the same order: resolve the model
+type, refuse what cannot be honoured (by name), check the request against the model (the
+reply and the prompt against the context), check that the reply can ever fit the plan,
+admit it, dispatch it, relay the reply (a whole body, or the replica's events as it batched
+them), and on close settle the plan's counters and meter the usage with the engine's token
+counts. An `ApiCall` supplies only what differs between APIs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+from fastapi import Request, Response
+
+from app.accounts.auth import Caller
+from app.limits.admission import Admission, RateLimits
+from app.observability.request_record import RequestRecord, record_of
+from app.openai.errors import ApiError
+from app.openai.sse import EventStream
+from app.serving.dispatch import ModelEndpoint, ModelRouter, PartStream
+from deployments.wire import ModelInfo, ReplyPart
+
+SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+PROMPT_BYTES_BOUND = 2
+"""Most tokens a rendered prompt may have per byte of its request body (check_prompt_length)."""
+Settle = Callable[[int, int], None]
+"""Charges the engine's usage (prompt, completion tokens) to the caller's limits and meter."""
+
+
+class ApiCall(Protocol):
+    """One request of an API, as the pipeline serves it: what differs between APIs."""
+
+    api: str
+    """The model replica's name for the API: "chat", "completion" or "responses"."""
+    model: str
+    stream: bool
+    reply_param: str
+    """The field that bounds each reply's length, as the client sent it."""
+    reply_limit: int | None
+    """Its value (None: up to the end of the context, or what the plan leaves)."""
+    reply_tokens: int | None
+    """The most the whole reply may generate: all choices, all prompts."""
+    choices: int
+    cap_field: str
+    """The field the pipeline sets when the client set no limit and the plan has one."""
+    prompt_bytes: int
+    """Bytes of the prompt beyond the request's body (a replayed history)."""
+
+    def check_fields(self) -> None:
+        """Raise a 400 naming the first field the service cannot honour."""
+
+    def check_against_model(self, model: ModelInfo) -> None:
+        """Raise what this model type can never serve (besides the reply's length)."""
+
+    async def prepare(self) -> None:
+        """What the body needs from elsewhere before it is measured (a stored history)."""
+
+    def payload(self) -> dict:
+        """The body the model replica gets."""
+
+    async def whole(self, data: bytes) -> bytes:
+        """A whole reply's body (as the replica encoded it) as the client gets it."""
+
+    async def events(self, part: ReplyPart) -> bytes:
+        """The bytes of a stream's part, as the client gets them."""
+
+    def error_event(self, error: ApiError) -> bytes:
+        """The event that ends a stream with `error`."""
+
+
+async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
+    """Serve one request of any API (see the module's docstring for the steps)."""
+    models: ModelRouter = request.app.state.models
+    limits: RateLimits = request.app.state.limits
+    endpoint = models.resolve(call.model)
+    record = record_of(request)
+    record.model_type = endpoint.name  # a 429 below is counted against the type it asked for
+    call.check_fields()
+    model = await endpoint.info()
+    check_reply_length(call, model)
+    call.check_against_model(model)
+    limits.check_fits(caller, endpoint.name, call.reply_tokens, call.reply_param)
+    await call.prepare()
+    payload = call.payload()
+    prompt_bytes = len(await request.body()) + call.prompt_bytes
+    await check_prompt_length(limits, caller, endpoint, model, call.api, payload, prompt_bytes)
+    admission = await limits.admit(caller, endpoint.name, call.reply_tokens, choices=call.choices)
+    record.sent_to(endpoint.name, call.stream)
+
+    def settle(prompt_tokens: int, completion_tokens: int) -> None:
+        """The engine's real usage, charged to the rate limits and metered for the key."""
+        admission.settle(prompt_tokens, completion_tokens)
+        request.app.state.usage.record(
+            caller.key_id, endpoint.name, prompt_tokens, completion_tokens
+        )
+
+    longest = admission.reply_length(model.max_model_len)
+    if call.reply_limit is None and longest is not None:
+        payload[call.cap_field] = longest  # no reply runs past what the plan has left
+    with charged_on_failure(admission, settle):
+        if call.stream:
+            first, parts = await endpoint.open_stream(call.api, payload)
+        else:
+            whole = await endpoint.reply(call.api, payload)
+    if not call.stream:
+        settle(whole.prompt_tokens, whole.completion_tokens)
+        record.completed(whole.prompt_tokens, whole.completion_tokens)
+        body = await call.whole(whole.data)
+        return Response(body, media_type="application/json", headers=admission.headers)
+    record.first_token(first.prompt_tokens)
+    tally = Tally(first)
+    return EventStream(
+        _relay(call, endpoint, parts, tally, record),
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, **admission.headers},
+        on_close=tally.on_close(parts, settle),
+    )
+
+
+@contextmanager
+def charged_on_failure(admission: Admission, settle: Settle) -> Iterator[None]:
+    """A dispatch that fails, or whose client leaves, is charged what the engine processed
+    before (the error's `engine_usage`), to the limits and the key's usage, if anything; its
+    error carries the plan's rate-limit headers."""
+    try:
+        yield
+    except BaseException as error:
+        usage = getattr(error, "engine_usage", (0, 0))
+        if any(usage):
+            settle(*usage)
+        else:
+            admission.settle(0, 0)
+        if isinstance(error, ApiError):
+            error.headers.update(admission.headers)
+        raise
+
+
+def check_reply_length(call: ApiCall, model: ModelInfo) -> None:
+    """A reply limit at or beyond the context can never be served: 400, before any counter."""
+    limit = call.reply_limit
+    if limit is not None and limit >= model.max_model_len:
+        raise ApiError(
+            400,
+            f"{call.reply_param} is too large: {limit}. This model's maximum context length is "
+            f"{model.max_model_len} tokens, prompt included; request fewer completion tokens.",
+            param=call.reply_param,
+            code="context_length_exceeded",
+        )
+
+
+def check_tools(model: ModelInfo, tools: object, tool_choice: object) -> None:
+    """Tools need the type's tool-call parser, for every choice but 'none' (vLLM frames even a
+    forced call with it)."""
+    if tools and tool_choice != "none" and model.tool_call_parser is None:
+        choice = "auto" if tool_choice is None else (
+            tool_choice if isinstance(tool_choice, str) else "a named function"
+        )
+        raise ApiError(
+            400,
+            f"{model.name} has no tool-call parser, so it cannot call tools: tool_choice "
+            f"'{choice}' is not supported on it (only 'none'). Use a model type that parses "
+            "tool calls.",
+            param="tool_choice",
+            code="unsupported_parameter",
+        )
+
+
+async def check_prompt_length(
+    limits: RateLimits,
+    caller: Caller,
+    endpoint: ModelEndpoint,
+    model: ModelInfo,
+    api: str,
+    payload: dict,
+    prompt_bytes: int,
+) -> None:
+    """Refuse a prompt beyond the model's context before any rate-limit counter moves.
+
+    Only a replica's tokenizer knows a prompt's length, so only a body that may hold one that
+    long is measured there (rendered as for generation, nothing generated): a token covers at
+    least one byte of what the template renders, and a template's JSON of the tools adds at
+    most a byte per byte of the body's, so a prompt of `n` bytes renders to fewer than
+    `PROMPT_BYTES_BOUND * n` tokens plus the template's own. A shorter one goes straight on,
+    and the replica still checks every prompt it generates for. The refusal counts against
+    the caller's request rate as any refused body does (a replica rendered it); a caller with
+    no request left this minute gets admission's 429 without a replica's work.
+    """
+    if PROMPT_BYTES_BOUND * prompt_bytes + model.template_tokens < model.max_model_len:
+        return
+    if not await limits.has_requests_left(caller, endpoint.name):
+        return
+    try:
+        await endpoint.prompt_tokens(api, payload)
+    except ApiError as error:
+        if error.status < 500:
+            limits.count_refused(caller, endpoint.name)
+        raise
+
+
+class Tally:
+    """What a stream has passed on so far (its last part carries the engine's counts so far);
+    read when the response closes."""
+
+    __slots__ = ("last", "finished")
+
+    def __init__(self, first: ReplyPart) -> None:
+        self.last = first
+        self.finished = False
+
+    def finish(self, record: RequestRecord, status: int) -> None:
+        """The stream is complete (200) or ended with an error event of `status`."""
+        self.finished = True
+        record.stream_ended(self.last.completion_tokens, None if status == 200 else status)
+
+    def on_close(self, parts: PartStream, settle: Settle) -> Callable[[], None]:
+        """What runs when the response ends, however it ends (before its first event too)."""
+
+        def closed() -> None:
+            if not self.finished:
+                # The client went away: free the engine at once rather than generate for nobody.
+                parts.cancel()
+            # Whatever the engine produced counts, a stream the client cut off included.
+            settle(self.last.prompt_tokens, self.last.completion_tokens)
+
+        return closed
+
+
+async def _relay(
+    call: ApiCall, endpoint: ModelEndpoint, parts: PartStream, tally: Tally,
+    record: RequestRecord,
+) -> AsyncIterator[bytes]:
+    """The stream's parts as the client gets them; a failure ends it with the API's error
+    event. A stream is complete before its last bytes are written: the client may hang up on
+    them."""
+    try:
+        part = tally.last
+        while True:
+            data = await call.events(part)
+            if part.last:
+                tally.finish(record, 200)
+            yield data
+            if tally.finished:
+                return
+            part = tally.last = await anext(parts)
+    except StopAsyncIteration:
+        error = endpoint.error(EOFError("the stream ended without its last part"))
+    except Exception as exc:
+        error = endpoint.error(exc)
+    tally.finish(record, error.status)
+    yield call.error_event(error)

@@ -1,0 +1,247 @@
+"""What an operator writes for one model type, and its translation into Ray Serve options."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from deployments.catalog import LOGICAL_MODEL_TYPES
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL = "tiny"
+FEED_ROUTER = "deployments.feed_hub:FeedRouter"
+"""Serve's default routing, plus stream feeds pinned to their replica (deployments.feed_hub)."""
+"""The `model` value (also the default) that means: serve the generated tiny test model."""
+
+
+def validate_autoscaling(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Check an autoscaling_config with Ray Serve's own model, refusing unknown options."""
+    if value is None:
+        return None
+    from ray.serve.config import AutoscalingConfig
+
+    unknown = sorted(set(value) - set(AutoscalingConfig.model_fields))
+    if unknown:
+        raise ValueError(f"unknown autoscaling option(s) {unknown}")
+    AutoscalingConfig(**value)
+    return value
+
+
+AutoscalingOptions = Annotated[dict[str, Any] | None, AfterValidator(validate_autoscaling)]
+"""Ray Serve's `autoscaling_config`, checked by Ray's own model."""
+
+
+def ray_accelerator_types() -> frozenset[str]:
+    """The accelerator types Ray knows (ray.util.accelerators), as nodes advertise them."""
+    from ray.util.accelerators import accelerators
+
+    constants = vars(accelerators).items()
+    return frozenset(v for name, v in constants if name.isupper() and isinstance(v, str))
+
+
+# Set by the translation because they must agree with the Serve options: the name the
+# ingress routes by, and the executor that uses the placement-group bundles Serve reserves.
+_RESERVED_ENGINE_ARGS = frozenset(
+    {
+        "model",
+        "tokenizer",
+        "served_model_name",
+        "tensor_parallel_size",
+        "distributed_executor_backend",
+    }
+)
+
+
+ENGINE_DEFAULTS: dict[str, Any] = {
+    # Repeated prefixes (system prompts, agent turns) skip prefill: usage reports cached_tokens.
+    "enable_prefix_caching": True,
+    # Structured outputs without free whitespace: a weak model cannot pad JSON up to max_tokens.
+    "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+}
+"""What every type's engine gets unless its engine_args say otherwise."""
+
+
+class ModelTypeConfig(BaseModel):
+    """One logical model type (e.g. ServiceAi-Fast): the concrete model, its engine, its replicas."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")
+    description: str = Field("", description="Defaults to the catalog's (deployments.catalog).")
+    model: str = Field(
+        TINY_MODEL,
+        description="Hugging Face id or local path; 'tiny' generates the test model. "
+        "Overridden by the environment variable named in `model_env`.",
+    )
+    model_env: str | None = Field(
+        None,
+        description="Environment variable that, when set, replaces `model`. "
+        "Defaults to the catalog's (deployments.catalog).",
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Passed verbatim to vLLM's AsyncEngineArgs."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, le=16)
+    tool_call_parser: str | None = Field(
+        None,
+        description="vLLM's tool-call parser for this model (e.g. hermes for Qwen2.5); without one, "
+        "every tool_choice but 'none' is refused (vLLM frames even forced calls with the "
+        "parser), and /v1/responses refuses function tools (400, param tools).",
+    )
+    tool_strict_level: Literal["auto", "function", "parameter"] = Field(
+        "parameter",
+        description="vLLM's constraint on tool calls: 'parameter' makes every call's arguments "
+        "match its function's schema (as if each tool were strict), 'auto' only for strict tools.",
+    )
+    reasoning_parser: str | None = Field(
+        None, description="vLLM's reasoning parser, for models that think before answering."
+    )
+    chat_template: str | None = Field(
+        None, description="A chat template (file path or inline Jinja) replacing the model's own."
+    )
+
+    num_replicas: int | None = Field(None, ge=0)
+    autoscaling_config: AutoscalingOptions = None
+    max_ongoing_requests: int = Field(64, ge=1)
+    max_queued_requests: int = Field(-1, ge=-1)
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus_per_shard: float = Field(0, ge=0, le=1)
+    accelerator_type: str | None = None
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    health_check_period_s: float = Field(10.0, gt=0)
+    health_check_timeout_s: float = Field(30.0, gt=0)
+    graceful_shutdown_timeout_s: float = Field(
+        20.0, ge=0, description="How long a stopping replica may finish its ongoing requests."
+    )
+    max_surge_percent: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Extra replicas (percent of the target, rounded up) started during a rollout "
+        "so that old replicas serve until their replacements are ready; 0 stops old ones first.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _catalog_defaults(cls, data: Any) -> Any:
+        known = LOGICAL_MODEL_TYPES.get(data.get("name")) if isinstance(data, dict) else None
+        if known is None:
+            return data
+        return {"description": known.description, "model_env": known.model_env, **data}
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args_are_ours_to_set(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = _RESERVED_ENGINE_ARGS & value.keys()
+        if reserved:
+            raise ValueError(
+                f"set {sorted(reserved)} through the model type's own fields, not engine_args"
+            )
+        return value
+
+    @field_validator("accelerator_type")
+    @classmethod
+    def _accelerator_known_to_ray(cls, value: str | None) -> str | None:
+        # An unknown name is a resource no node offers: the replica would wait forever.
+        if value is not None and value not in ray_accelerator_types():
+            raise ValueError(
+                f"unknown accelerator_type {value!r}; use a name from ray.util.accelerators "
+                "(as Ray detects it on the node), e.g. L4, L40S, A10G, A100, H100"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _replicas_or_autoscaling(self) -> ModelTypeConfig:
+        if self.num_replicas is not None and self.autoscaling_config is not None:
+            raise ValueError("set either num_replicas or autoscaling_config, not both")
+        if self.accelerator_type and not self.num_gpus_per_shard:
+            raise ValueError("accelerator_type needs num_gpus_per_shard > 0")
+        if self.tensor_parallel_size > 1 and self.num_gpus_per_shard != 1:
+            raise ValueError("tensor_parallel_size > 1 needs num_gpus_per_shard: 1")
+        max_num_seqs = self.engine_args.get("max_num_seqs")
+        if isinstance(max_num_seqs, int) and self.max_ongoing_requests > max_num_seqs:
+            # Serve would hand the replica requests the engine can only park in its own queue,
+            # where a replica started meanwhile cannot take them over.
+            raise ValueError(
+                f"max_ongoing_requests ({self.max_ongoing_requests}) exceeds the engine's "
+                f"max_num_seqs ({max_num_seqs})"
+            )
+        return self
+
+    def resolved_model(self, environ: dict[str, str] | None = None) -> str:
+        """The concrete model: the override from `model_env` if set, else `model`."""
+        environ = os.environ if environ is None else environ
+        if self.model_env and environ.get(self.model_env):
+            return environ[self.model_env]
+        return self.model
+
+    def serve_options(self, feeds: bool = True) -> dict[str, Any]:
+        """Keyword arguments for `Deployment.options()` of this model type's deployment;
+        `feeds`: with the router that pins stream feeds to their replica (deployments.feed_hub)."""
+        from ray.serve.config import RequestRouterConfig
+
+        actor_options: dict[str, Any] = {"num_cpus": self.num_cpus}
+        if self.env_vars:
+            actor_options["runtime_env"] = {"env_vars": dict(self.env_vars)}
+        options: dict[str, Any] = {
+            "name": self.name,
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "max_queued_requests": self.max_queued_requests,
+            "health_check_period_s": self.health_check_period_s,
+            "health_check_timeout_s": self.health_check_timeout_s,
+            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "max_surge_percent": self.max_surge_percent,
+            "ray_actor_options": actor_options,
+        }
+        if feeds:
+            options["request_router_config"] = RequestRouterConfig(request_router_class=FEED_ROUTER)
+        if self.autoscaling_config is not None:
+            options["autoscaling_config"] = dict(self.autoscaling_config)
+        else:
+            options["num_replicas"] = 1 if self.num_replicas is None else self.num_replicas
+
+        if self.tensor_parallel_size == 1:
+            if self.num_gpus_per_shard:
+                actor_options["num_gpus"] = self.num_gpus_per_shard
+            if self.accelerator_type:
+                actor_options["accelerator_type"] = self.accelerator_type
+        else:
+            # vLLM's Ray executor starts one worker (1 GPU, 0 CPU) in each bundle that has a GPU;
+            # Serve pins the replica, which holds no GPU, to bundle 0. STRICT_PACK keeps every
+            # shard of one replica on one node (NVLink), as tensor parallelism needs.
+            options["placement_group_bundles"] = self._tensor_parallel_bundles()
+            options["placement_group_strategy"] = "STRICT_PACK"
+        return options
+
+    def _tensor_parallel_bundles(self) -> list[dict[str, float]]:
+        shard: dict[str, float] = {"GPU": 1.0}
+        if self.accelerator_type:
+            shard[f"accelerator_type:{self.accelerator_type}"] = 0.001
+        bundles = [dict(shard) for _ in range(self.tensor_parallel_size)]
+        bundles[0]["CPU"] = self.num_cpus
+        return bundles
+
+    def engine_kwargs(self, model_path: str) -> dict[str, Any]:
+        """Keyword arguments for vLLM's AsyncEngineArgs."""
+        kwargs: dict[str, Any] = {
+            **ENGINE_DEFAULTS,
+            "model": model_path,
+            "tokenizer": model_path,
+            "served_model_name": [self.name],
+            "tensor_parallel_size": self.tensor_parallel_size,
+            **self.engine_args,
+        }
+        if self.tensor_parallel_size > 1:
+            # Left to itself vLLM counts the GPUs this replica sees (none: they are in the
+            # bundles) and refuses; the Ray executor uses the bundles instead.
+            kwargs["distributed_executor_backend"] = "ray"
+        return kwargs
+
+
+def tiny_model_dir() -> Path:
+    """Where the generated test model lives (SERVICEAI_TINY_MODEL_DIR, else ./models/tiny)."""
+    return Path(os.environ.get("SERVICEAI_TINY_MODEL_DIR", PROJECT_ROOT / "models" / "tiny"))
+

@@ -1,0 +1,93 @@
+"""/v1/chat/completions and /v1/completions on vLLM's own serving layer (`ServedApi`s).
+
+`OpenAIServingChat` and `OpenAIServingCompletion` (built by vLLM's `init_app_state`) render the
+chat template, apply the model's generation_config defaults, run structured outputs, tool-call
+and reasoning parsers, and encode the JSON and SSE bytes; here they are called, and their
+stream's error events turned into raised errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import ValidationError
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.renderers.inputs.preprocess import extract_prompt_len
+
+from deployments.vllm_engine.replies import Event, refusal, stream_failure
+
+_ERROR_EVENT = "data: {\"error\""
+_DONE_EVENT = "data: [DONE]\n\n"
+
+
+class _SseApi:
+    """What chat and completions share: the serving layer's SSE strings as events."""
+
+    prompt_param: str
+
+    def __init__(self, serving: Any) -> None:
+        self._serving = serving
+
+    def create_error_response(self, error: Exception) -> ErrorResponse:
+        return self._serving.create_error_response(error)
+
+    def body(self, result: Any) -> bytes:
+        return result.model_dump_json().encode()
+
+    def schema_param(self, body: dict[str, Any]) -> str:
+        return "response_format" if body.get("response_format") else "tools"
+
+    async def events(self, stream: AsyncIterator[str]) -> AsyncIterator[Event]:
+        """vLLM reports a failure inside a stream as an error event: raised here as the error
+        it is (a refusal of the request, a 4xx, or the engine's failure), for the ingress to
+        frame."""
+        try:
+            async for event in stream:
+                if event.startswith(_ERROR_EVENT):
+                    raise self._stream_error(event)
+                yield Event(event.encode(), last=event == _DONE_EVENT)
+        finally:
+            await stream.aclose()
+
+    def _stream_error(self, event: str) -> Exception:
+        try:
+            response = ErrorResponse.model_validate_json(event.removeprefix("data: "))
+        except ValidationError:
+            return stream_failure(RuntimeError(f"unreadable error event {event[:500]!r}"))
+        return refusal(response, self, {})
+
+    def _longest(self, inputs: Any) -> int:
+        return max(extract_prompt_len(self._serving.model_config, i) for i in inputs)
+
+
+class ChatApi(_SseApi):
+    request_type = ChatCompletionRequest
+    prompt_param = "messages"
+
+    def __init__(self, serving: OpenAIServingChat) -> None:
+        super().__init__(serving)
+        self.create = serving.create_chat_completion
+
+    async def prompt_tokens(self, request: ChatCompletionRequest) -> int | ErrorResponse:
+        rendered = await self._serving.render_chat_request(request)
+        return rendered if isinstance(rendered, ErrorResponse) else self._longest(rendered[1])
+
+
+class CompletionApi(_SseApi):
+    request_type = CompletionRequest
+    prompt_param = "prompt"
+
+    def __init__(self, serving: OpenAIServingCompletion) -> None:
+        super().__init__(serving)
+        self.create = serving.create_completion
+
+    async def prompt_tokens(self, request: CompletionRequest) -> int | ErrorResponse:
+        """The longest of the request's prompts."""
+        rendered = await self._serving.render_completion_request(request)
+        return rendered if isinstance(rendered, ErrorResponse) else self._longest(rendered)
+

@@ -1,0 +1,202 @@
+"""One vLLM engine and vLLM's own OpenAI serving layer over it: one model type's replica.
+
+The folder's entry point, and with it the only code that imports vLLM. Built as `vllm serve`
+builds its server (`init_app_state`, as Ray Serve LLM builds it inside its replicas), with the
+engine client wrapped to count tokens (`counting`); every request then goes through one
+driver (`replies.serve`) whatever its API (`completions`, `responses`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.datastructures import State
+from vllm.config import StructuredOutputsConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+from vllm.entrypoints.launchers.cli_args import FrontendArgs
+from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+from deployments.vllm_engine import replies
+from deployments.vllm_engine.completions import ChatApi, CompletionApi
+from deployments.vllm_engine.counting import CountingEngineClient
+from deployments.vllm_engine.replies import ServedApi
+from deployments.wire import GenerationError, ModelInfo, ReplyPart
+
+logger = logging.getLogger("ray.serve.serviceai")  # into the replica's Serve log
+
+TEMPLATE_PROBE: dict[str, Any] = {
+    "messages": [{"role": "user", "content": ""}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    "tool_choice": "none",  # the tools are rendered all the same; no parser needed
+}
+"""A conversation with no text of its own: its tokens are what the chat template adds by
+itself (a default system prompt, the tool-calling preamble, the generation prompt)."""
+RESPONSES_TOOL_STRICT_LEVEL = "auto"
+
+
+def frontend_args(
+    engine_args: AsyncEngineArgs,
+    *,
+    tool_call_parser: str | None,
+    reasoning_parser: str | None,
+    chat_template: str | None,
+    tool_strict_level: str,
+) -> argparse.Namespace:
+    """The flat namespace vLLM's `init_app_state` reads (as `vllm serve` parses it)."""
+    frontend = FrontendArgs(
+        enable_auto_tool_choice=tool_call_parser is not None,
+        tool_call_parser=tool_call_parser,
+        tool_strict_level=tool_strict_level,
+        chat_template=chat_template,
+        enable_prompt_tokens_details=True,
+        disable_uvicorn_access_log=True,
+    )
+    if isinstance(engine_args.structured_outputs_config, dict):  # as a config file writes it
+        engine_args.structured_outputs_config = StructuredOutputsConfig(
+            **engine_args.structured_outputs_config
+        )
+    if reasoning_parser:
+        engine_args.reasoning_parser = reasoning_parser
+        engine_args.create_structured_outputs_config()
+    return argparse.Namespace(**(vars(frontend) | vars(engine_args)))
+
+
+class VllmEngine:
+    """One vLLM engine and its OpenAI serving layer, serving one model type."""
+
+    def __init__(
+        self,
+        name: str,
+        engine: AsyncLLM,
+        state: State,
+        tool_call_parser: str | None,
+        reasoning_parser: str | None,
+    ) -> None:
+        self.name = name
+        self._engine = engine
+        self._apis: dict[str, ServedApi] = {
+            "chat": ChatApi(state.openai_serving_chat),
+            "completion": CompletionApi(state.openai_serving_completion),
+        }
+        self._responses: Any = None  # vLLM's Responses handler, built on first use
+        self.tool_call_parser = tool_call_parser
+        self.reasoning_parser = reasoning_parser
+        self.max_model_len: int = engine.model_config.max_model_len
+        self.template_tokens = 0
+
+    @classmethod
+    async def start(
+        cls,
+        name: str,
+        engine_kwargs: dict[str, Any],
+        *,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        chat_template: str | None = None,
+        tool_strict_level: str = "parameter",
+    ) -> VllmEngine:
+        """Build the engine and the serving layer, serving the model as `name`; returns once
+        the model is loaded. vLLM's engine metrics (vllm:*) go out through Ray's metrics API,
+        beside the ingress's."""
+        args = AsyncEngineArgs(**_for_this_platform(engine_kwargs))
+        namespace = frontend_args(
+            args,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
+            chat_template=chat_template,
+            tool_strict_level=tool_strict_level,
+        )
+        # The defaults `vllm serve` gets (max_num_batched_tokens: 8192 on an H100, not 2048).
+        engine = AsyncLLM.from_engine_args(
+            args,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=[RayPrometheusStatLogger],
+        )
+        state = State()
+        await init_app_state(
+            CountingEngineClient(engine), state, namespace,
+            supported_tasks=await engine.get_supported_tasks(),
+        )
+        # vLLM's error path reads the uvicorn server its own launcher would have set.
+        state.server = argparse.Namespace(should_exit=False)
+        served = cls(name, engine, state, tool_call_parser, reasoning_parser)
+        try:
+            served.template_tokens = await served.prompt_tokens("chat", TEMPLATE_PROBE)
+        except GenerationError as exc:
+            # Unknown: the ingress then measures every prompt before admitting it.
+            logger.warning("The chat template's own length is unknown (%s)", exc.message)
+            served.template_tokens = served.max_model_len
+        return served
+
+    def serve(
+        self, api: str, body: dict[str, Any], *, batched: bool = True
+    ) -> AsyncIterator[ReplyPart]:
+        """A request of `api` ("chat", "completion" or "responses"): see `replies.serve`."""
+        return replies.serve(self._api(api, body), body, batched=batched)
+
+    async def prompt_tokens(self, api: str, body: dict[str, Any]) -> int:
+        """The prompt's tokens as the serving layer renders them for generation (the longest
+        prompt of a completion request), nothing generated: raises the `GenerationError`
+        generation would, a prompt beyond the context included."""
+        return await replies.prompt_tokens(self._api(api, body), body)
+
+    def _api(self, api: str, body: dict[str, Any]) -> ServedApi:
+        if api != "responses":
+            return self._apis[api]
+        # Imported on first use, as the handler is built: the GPU bench's vLLM 0.26 lacks it.
+        from deployments.vllm_engine.responses import ResponsesApi, build_serving
+
+        if self._responses is None:
+            self._responses = build_serving(
+                self._engine, self.name, self.tool_call_parser, RESPONSES_TOOL_STRICT_LEVEL
+            )
+        return ResponsesApi(self._responses, body)
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(
+            self.name,
+            self.max_model_len,
+            self.tool_call_parser,
+            self.reasoning_parser,
+            self.template_tokens,
+        )
+
+    async def check_health(self) -> None:
+        """Raise if the engine core is dead, so that Serve replaces this replica."""
+        await self._engine.check_health()
+
+    def running_requests(self) -> int:
+        return self._engine.output_processor.get_num_unfinished_requests()
+
+    def core_pids(self) -> tuple[int, ...]:
+        """The engine-core processes this engine started (not found by title: vLLM sets that late)."""
+        manager = self._engine.engine_core.resources.engine_manager
+        return () if manager is None else tuple(p.pid for p in manager.processes)
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+
+def _for_this_platform(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's CPU build refuses the Ray executor ("current platform cpu does not support ray"):
+    its tensor-parallel shards run as local processes instead, on the node where Serve placed
+    the replica's STRICT_PACK bundles. Each shard gets its own CPUs (one NUMA node is not
+    enough for vLLM's automatic binding)."""
+    from vllm.platforms import current_platform
+
+    if engine_kwargs.get("distributed_executor_backend") != "ray" or not current_platform.is_cpu():
+        return engine_kwargs
+    shards = int(engine_kwargs.get("tensor_parallel_size", 1))
+    cpus = sorted(os.sched_getaffinity(0))
+    per_shard = [cpus[i::shards] or cpus for i in range(shards)]
+    os.environ.setdefault(
+        "VLLM_CPU_OMP_THREADS_BIND", "|".join(",".join(map(str, s)) for s in per_shard)
+    )
+    return {**engine_kwargs, "distributed_executor_backend": "mp"}

@@ -1,0 +1,136 @@
+"""/v1/responses on vLLM's own Responses handler (`OpenAIServingResponses`), a `ServedApi`.
+
+vLLM renders the input items with the chat template, applies text.format and tool_choice as
+structured outputs, parses tool calls and emits OpenAI's stream events. What it must not do
+here is keep responses: its store lives in this process's memory (and stays off, as
+VLLM_ENABLE_RESPONSES_API_STORE is unset). The gateway sends the whole conversation, keeps the
+stored responses in its database, and says in the body's `store` and `previous_response_id`
+what it does with them: vLLM gets `store: false` and no previous id, and the response objects
+it makes say what the gateway does (`_echoed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from vllm.entrypoints.openai.models.protocol import BaseModelPath
+from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
+from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.renderers.inputs.preprocess import extract_prompt_len
+from vllm.renderers.online_renderer import OnlineRenderer
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from deployments.vllm_engine.counting import CountingEngineClient
+from deployments.vllm_engine.replies import Event
+
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# vLLM-only fields of its response object; OpenAI's clients do not know them.
+_VLLM_ONLY = {
+    "kv_transfer_params", "ec_transfer_params", "input_messages", "output_messages", "metrics",
+}
+_ECHOED = ("store", "previous_response_id")
+
+
+def build_serving(
+    engine: AsyncLLM, served_name: str, tool_call_parser: str | None, tool_strict_level: str
+) -> OpenAIServingResponses:
+    """vLLM's Responses handler on the replica's engine, its store off."""
+    client = CountingEngineClient(engine)
+    models = OpenAIServingModels(
+        engine_client=client,
+        base_model_paths=[BaseModelPath(name=served_name, model_path=engine.model_config.model)],
+    )
+    renderer = OnlineRenderer(
+        model_config=engine.model_config,
+        renderer=engine.renderer,
+        request_logger=None,
+        chat_template=None,
+        chat_template_content_format="auto",
+        trust_request_chat_template=False,
+        trust_request_mm_kwargs=False,
+        enable_auto_tools=tool_call_parser is not None,
+        exclude_tools_when_tool_choice_none=False,
+        tool_parser=tool_call_parser,
+        tool_strict_level=tool_strict_level,
+        reasoning_parser=None,
+        default_chat_template_kwargs=None,
+        log_error_stack=False,
+    )
+    serving = OpenAIServingResponses(
+        client,
+        models,
+        renderer,
+        request_logger=None,
+        chat_template=None,
+        chat_template_content_format="auto",
+        enable_auto_tools=tool_call_parser is not None,
+        tool_parser=tool_call_parser,
+        enable_prompt_tokens_details=True,
+    )
+    if serving.enable_store:
+        raise RuntimeError(
+            "VLLM_ENABLE_RESPONSES_API_STORE must be unset: the gateway stores responses."
+        )
+    return serving
+
+
+class ResponsesApi:
+    """One POST /v1/responses request on vLLM's Responses handler.
+
+    What the gateway does with the response (the body's `store` and `previous_response_id`)
+    is taken out of the body vLLM gets, and echoed in the response objects vLLM makes.
+    """
+
+    request_type = ResponsesRequest
+    prompt_param = "input"
+
+    def __init__(self, serving: OpenAIServingResponses, body: dict[str, Any]) -> None:
+        self._serving = serving
+        self._echo = {name: body.pop(name, None) for name in _ECHOED}
+        body["store"] = False
+
+    def create(self, request: ResponsesRequest) -> Any:
+        return self._serving.create_responses(request)
+
+    def create_error_response(self, error: Exception) -> ErrorResponse:
+        return self._serving.create_error_response(error)
+
+    def schema_param(self, body: dict[str, Any]) -> str:
+        return "text.format" if body.get("text") else "tools"
+
+    def body(self, result: ResponsesResponse) -> bytes:
+        return _echoed(result, self._echo).model_dump_json(by_alias=True, exclude=_VLLM_ONLY).encode()
+
+    async def events(self, stream: AsyncIterator[Any]) -> AsyncIterator[Event]:
+        """OpenAI's stream events, encoded; the terminal one held apart (`final`)."""
+        try:
+            async for event in stream:
+                response = getattr(event, "response", None)
+                if response is not None:
+                    _echoed(response, self._echo)
+                    data = event.model_dump_json(by_alias=True, exclude={"response": _VLLM_ONLY})
+                else:
+                    data = event.model_dump_json(by_alias=True)
+                if event.type in TERMINAL_EVENTS:
+                    yield Event(b"", data.encode(), last=True)
+                else:
+                    yield Event(b"event: %s\ndata: %s\n\n" % (event.type.encode(), data.encode()))
+        finally:
+            await stream.aclose()
+
+    async def prompt_tokens(self, request: ResponsesRequest) -> int | ErrorResponse:
+        rendered = await self._serving.online_renderer.render_responses(
+            request, previous_messages=None, previous_response_outputs=None, tool_server=None
+        )
+        if isinstance(rendered, ErrorResponse):
+            return rendered
+        return extract_prompt_len(self._serving.model_config, rendered.engine_input)
+
+
+def _echoed(response: Any, echo: dict[str, Any]) -> Any:
+    for name, value in echo.items():
+        setattr(response, name, value)
+    return response

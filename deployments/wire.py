@@ -1,0 +1,95 @@
+"""The narrow interface between the ingress and a model deployment.
+
+Plain, picklable types: they cross Ray on every request and every streamed message, so they
+stay small, and this module imports nothing heavy (the ingress never imports vLLM).
+A call names its API ("chat", "completion" or "responses") and carries the OpenAI body as the
+ingress validated it; the reply is already encoded by vLLM's serving layer, so the ingress
+relays bytes without decoding them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class ReplyPart(NamedTuple):
+    """A piece of a reply, whatever the API (chat, completion, responses).
+
+    `data` is what the ingress relays: a stream's server-sent events ready since the last part,
+    or a piece of a whole reply's JSON body. A whole reply still in the engine sends parts with
+    no data every second or so: its counts so far, what a client that leaves now is charged.
+    The token counts are the engine's, for the whole request so far (all choices, all prompts).
+    `last` marks the part that completes the reply: the ingress learns from it that the reply
+    is complete before it writes the last bytes (a client may hang up the moment it reads
+    `data: [DONE]`, as OpenAI's does). A failure is raised, never encoded: the ingress frames
+    it as its API does. `final` is a /v1/responses stream's terminal event (its last part):
+    the ingress stores the response it holds before it sends it.
+    On a stream's first part, `replica` names the replica when it could open a feed to the
+    ingress (deployments.feed_hub), and `via_feed` says that the rest comes on the open one.
+    """
+
+    data: bytes
+    prompt_tokens: int
+    completion_tokens: int
+    last: bool = False
+    final: bytes | None = None
+    replica: str | None = None
+    via_feed: bool = False
+
+
+class ModelInfo(NamedTuple):
+    """What the ingress may tell clients (and check early) about a model type."""
+
+    name: str
+    max_model_len: int
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    template_tokens: int = 0
+    """The tokens the chat template adds to a conversation with no text (see
+    app.serving.pipeline.check_prompt_length)."""
+
+
+class GenerationError(Exception):
+    """A failure the client should hear about, with the HTTP status and OpenAI code to use."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+    param: str | None = None
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        # What the engine processed before the failure (the prompt once prefilled, tokens
+        # made): the ingress charges it.
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def __reduce__(self):
+        # Instances may carry a status, param or code of their own: keep them across Ray.
+        return (_rebuild, (type(self), self.message, dict(vars(self))))
+
+
+def _rebuild(cls: type[GenerationError], message: str, state: dict) -> GenerationError:
+    error = cls(message)
+    vars(error).update(state)
+    return error
+
+
+class ContextLengthExceeded(GenerationError):
+    status = 400
+    type = "invalid_request_error"
+    code = "context_length_exceeded"
+    param = "messages"
+
+
+class InvalidGenerationRequest(GenerationError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_value"
+
+
+class EngineUnavailable(GenerationError):
+    status = 503
+    type = "server_error"
+    code = "model_unavailable"

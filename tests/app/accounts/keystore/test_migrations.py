@@ -1,0 +1,71 @@
+"""The schema is created and upgraded by Alembic when the store opens, on SQLite and PostgreSQL."""
+
+import asyncio
+from datetime import UTC, datetime
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import bindparam, text
+
+from app.accounts.auth import Caller, KeyVerifier
+from app.accounts.keystore import Database, KeyStore, keygen, migrate
+from app.accounts.keystore.tables import Base, UtcDateTime
+
+
+async def current_revisions(database: Database) -> list[str]:
+    async with database.engine.connect() as connection:
+        return list((await connection.execute(text("SELECT version_num FROM alembic_version"))).scalars())
+
+
+def head() -> str:
+    return ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
+
+
+async def test_the_migrations_build_exactly_the_tables_of_the_models(store: KeyStore):
+    def differences(connection):
+        return compare_metadata(MigrationContext.configure(connection), Base.metadata)
+
+    async with store.database.engine.connect() as connection:
+        assert await connection.run_sync(differences) == []
+    assert await current_revisions(store.database) == [head()]
+
+
+async def test_replicas_opening_a_new_store_together_upgrade_it_once(database_url: str):
+    databases = await asyncio.gather(*(Database.open(database_url) for _ in range(4)))
+    try:
+        assert await current_revisions(databases[0]) == [head()]
+        user = await KeyStore(databases[1]).create_user("ada@example.com")
+        assert (await KeyStore(databases[3]).get_user(user.id)).email == "ada@example.com"
+    finally:
+        for database in databases:
+            await database.close()
+
+
+async def test_upgrading_from_the_first_revision_keeps_existing_keys_working(database_url: str):
+    first = ScriptDirectory.from_config(migrate.alembic_config()).get_base()
+    old = await Database.open(database_url, migrate_to=first)
+    secret = keygen.issue().secret
+    # Rows as the first revision's tables hold them, written without today's models.
+    async with old.engine.begin() as connection:
+        created = bindparam("created", datetime(2026, 1, 1, tzinfo=UTC), type_=UtcDateTime())
+        await connection.execute(
+            text("INSERT INTO users (id, email, plan, created_at) "
+                 "VALUES ('user_old', 'old@example.com', 'pro', :created)").bindparams(created)
+        )
+        await connection.execute(
+            text("INSERT INTO api_keys (id, user_id, key_hash, display, name, created_at) "
+                 "VALUES ('key_old', 'user_old', :hash, :display, 'old', :created)").bindparams(
+                created, hash=keygen.hash_key(secret), display=keygen.display_form(secret)
+            )
+        )
+    assert await current_revisions(old) == [first]
+    await old.close()
+
+    upgraded = await Database.open(database_url)
+    try:
+        assert await current_revisions(upgraded) == [head()]
+        verifier = KeyVerifier(KeyStore(upgraded))
+        assert await verifier.verify(secret) == Caller(key_id="key_old", user_id="user_old", plan="pro")
+    finally:
+        await upgraded.close()

@@ -1,0 +1,201 @@
+"""Rate limits of the shipped plans, counted in memory and in the Redis of this machine."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+
+import pytest
+
+from app.accounts.auth import Caller
+from app.openai.errors import ApiError
+from app.limits.plans import Plans
+from app.limits.admission import UNLIMITED, RateLimits, duration
+from app.limits.counters import MemoryCounters, open_counters
+from tests.conftest import REDIS, app_args, free_port
+
+REDIS_URL = REDIS
+PLANS = Plans.model_validate(app_args()["plans"])
+PRO = "ServiceAi-Pro"
+FAST = "ServiceAi-Fast"
+
+
+def caller(plan: str = "free") -> Caller:
+    return Caller(key_id="key_x", user_id=f"user_{secrets.token_hex(6)}", plan=plan)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def limits(request) -> AsyncIterator[RateLimits]:
+    """The shipped plans on each storage; the Redis keys of a test get their own prefix."""
+    if request.param == "memory":
+        yield RateLimits(PLANS, MemoryCounters())
+        return
+    storage = open_counters(REDIS_URL, key_prefix=f"sai-test-{secrets.token_hex(4)}")
+    limits = RateLimits(PLANS, storage)
+    yield limits
+    await limits.close()
+    await storage.clear()
+
+
+def refused(exc: pytest.ExceptionInfo[ApiError], type: str, code: str) -> ApiError:
+    error = exc.value
+    assert (error.status, error.type, error.code) == (429, type, code)
+    assert "Traceback" not in error.message
+    return error
+
+
+async def test_every_admission_carries_the_six_openai_headers(limits):
+    admission = await limits.admit(caller(), PRO, 100)
+    assert admission.headers == {
+        "x-ratelimit-limit-requests": "10",
+        "x-ratelimit-remaining-requests": "9",
+        "x-ratelimit-reset-requests": "1m0s",
+        "x-ratelimit-limit-tokens": "20000",
+        "x-ratelimit-remaining-tokens": "20000",
+        "x-ratelimit-reset-tokens": "0s",
+    }
+
+
+async def test_the_eleventh_request_in_a_minute_is_refused_with_retry_after(limits):
+    who = caller()
+    for remaining in range(9, -1, -1):
+        admission = await limits.admit(who, PRO, None)
+        assert admission.headers["x-ratelimit-remaining-requests"] == str(remaining)
+        admission.settle(1, 1)
+        await limits.close()  # the charge and release run in the background: wait for them
+    with pytest.raises(ApiError) as exc:
+        await limits.admit(who, PRO, None)
+    error = refused(exc, "requests", "rate_limit_exceeded")
+    assert "ServiceAi-Pro" in error.message and "requests per minute" in error.message
+    assert "limit 10" in error.message
+    assert 1 <= int(error.headers["Retry-After"]) <= 60
+    assert f"Retry in {error.headers['Retry-After']} s." in error.message
+    assert error.headers["x-ratelimit-remaining-requests"] == "0"
+    # The fast type of the same plan is counted apart.
+    assert (await limits.admit(who, FAST, None)).headers["x-ratelimit-limit-requests"] == "1000"
+
+
+async def test_tokens_are_charged_after_the_reply_and_refuse_once_spent(limits):
+    who = caller()
+    (await limits.admit(who, PRO, None)).settle(15_000, 4_000)
+    await limits.close()
+    admission = await limits.admit(who, PRO, None)
+    assert admission.headers["x-ratelimit-remaining-tokens"] == "1000"
+    assert admission.headers["x-ratelimit-reset-tokens"] != "0s"
+
+    with pytest.raises(ApiError) as exc:  # max_tokens alone exceeds what is left
+        await limits.admit(who, PRO, 1001)
+    error = refused(exc, "tokens", "rate_limit_exceeded")
+    assert "1001" in error.message and "1000 of 20000" in error.message
+
+    admission.settle(900, 200)  # past the limit: still counted in full
+    await limits.close()
+    with pytest.raises(ApiError) as exc:
+        await limits.admit(who, PRO, None)
+    error = refused(exc, "tokens", "rate_limit_exceeded")
+    assert "used 20100" in error.message
+    assert error.headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+async def test_a_spent_daily_quota_says_do_not_retry(limits):
+    limits.plans = Plans.model_validate({"free": {"ServiceAi-Coder": {
+        "requests_per_minute": 100, "tokens_per_minute": 10**6, "concurrent_requests": 2,
+        "tokens_per_day": 200_000,
+    }}})
+    who = caller()
+    for _ in range(10):  # 10 x 19,900 = 199,000 of the 200,000 tokens of a day
+        admission = await limits.admit(who, "ServiceAi-Coder", None)
+        admission.settle(19_000, 900)
+        await limits.close()
+    with pytest.raises(ApiError) as exc:
+        await limits.admit(who, "ServiceAi-Coder", 1500)
+    error = refused(exc, "insufficient_quota", "insufficient_quota")
+    assert error.headers["x-should-retry"] == "false"
+    assert "1000 of 200000 tokens left today" in error.message and "00:00 UTC" in error.message
+    (await limits.admit(who, "ServiceAi-Coder", 1000)).settle(1000, 0)
+    await limits.close()
+    with pytest.raises(ApiError) as exc:
+        await limits.admit(who, "ServiceAi-Coder", None)
+    assert "0 of 200000" in refused(exc, "insufficient_quota", "insufficient_quota").message
+
+
+async def test_concurrent_requests_beyond_the_plan_wait_for_a_slot(limits):
+    who = caller()
+    first = await limits.admit(who, PRO, None)
+    await limits.admit(who, PRO, None)
+    with pytest.raises(ApiError) as exc:
+        await limits.admit(who, PRO, None)
+    error = refused(exc, "requests", "rate_limit_exceeded")
+    assert "concurrent requests" in error.message and error.headers["Retry-After"] == "1"
+    first.settle(10, 10)
+    await limits.close()
+    await limits.admit(who, PRO, None)
+
+
+async def test_an_unknown_plan_is_refused_naming_the_plans(limits):
+    with pytest.raises(ApiError) as exc:
+        await limits.admit(caller("gold"), PRO, None)
+    assert (exc.value.status, exc.value.code) == (403, "unknown_plan")
+    assert "'gold'" in exc.value.message and "free, pro" in exc.value.message
+
+
+async def test_two_replicas_on_one_redis_share_the_limit_exactly():
+    ten_a_minute = Plans.model_validate({"free": {PRO: {
+        "requests_per_minute": 10, "tokens_per_minute": 10**6,
+        "concurrent_requests": 100, "tokens_per_day": 10**9,
+    }}})
+    prefix = f"sai-test-{secrets.token_hex(4)}"
+    # Failing closed, so that a slow Redis on a busy machine shows up instead of counting as
+    # served.
+    replicas = [
+        RateLimits(ten_a_minute, open_counters(REDIS_URL, key_prefix=prefix), fail_open=False)
+        for _ in range(2)
+    ]
+    who = caller()
+
+    async def one(i: int) -> str:
+        try:
+            (await replicas[i % 2].admit(who, PRO, None)).settle(1, 1)
+            return "served"
+        except ApiError as error:
+            return error.type
+
+    try:
+        outcomes = await asyncio.gather(*(one(i) for i in range(30)))
+        assert (outcomes.count("served"), outcomes.count("requests")) == (10, 20)
+    finally:
+        for replica in replicas:
+            await replica.close()
+        await replicas[0].counters.clear()
+
+
+@pytest.mark.parametrize("fail_open", [True, False])
+async def test_unreachable_redis_fails_open_or_closed_as_configured(fail_open, caplog):
+    storage = open_counters(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
+    limits = RateLimits(PLANS, storage, fail_open=fail_open)
+    if fail_open:
+        assert await limits.admit(caller(), PRO, None) is UNLIMITED
+        assert await limits.admit(caller(), PRO, None) is UNLIMITED
+        warnings = [r for r in caplog.records if "Rate-limit storage unreachable" in r.message]
+        assert len(warnings) == 1 and "serving without limits" in warnings[0].message
+        return
+    with pytest.raises(ApiError) as exc:
+        await limits.admit(caller(), PRO, None)
+    error = exc.value
+    assert (error.status, error.type) == (503, "server_error")
+    assert error.code == "rate_limiter_unavailable"
+    assert error.headers["Retry-After"] == "2"
+
+
+def test_the_default_is_to_fail_open():
+    from app.config.settings import Settings
+
+    assert Settings().rate_limit_fail_open is True
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(0, "0s"), (0.2, "1s"), (59.1, "1m0s"), (360, "6m0s"), (3723, "1h2m3s")]
+)
+def test_reset_times_read_like_openai_s(seconds, text):
+    assert duration(seconds) == text

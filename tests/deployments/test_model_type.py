@@ -1,0 +1,146 @@
+import pytest
+from pydantic import ValidationError
+from ray.serve.config import RequestRouterConfig
+
+from deployments.catalog import LOGICAL_MODEL_TYPES
+from deployments.model_type import FEED_ROUTER, TINY_MODEL, ModelTypeConfig, ray_accelerator_types
+from deployments.model_server import ModelServer
+
+
+def gpu_type(**fields) -> ModelTypeConfig:
+    return ModelTypeConfig.model_validate(
+        {"name": "ServiceAi-Pro", "model": "org/model", "num_gpus_per_shard": 1, "accelerator_type": "A100", **fields}
+    )
+
+
+def test_cpu_defaults():
+    options = ModelTypeConfig(name="ServiceAi-Fast", num_cpus=0.5).serve_options()
+    assert options == {
+        "name": "ServiceAi-Fast",
+        "max_ongoing_requests": 64,
+        "max_queued_requests": -1,
+        "health_check_period_s": 10.0,
+        "health_check_timeout_s": 30.0,
+        "graceful_shutdown_timeout_s": 20.0,
+        "max_surge_percent": 0,
+        "ray_actor_options": {"num_cpus": 0.5},
+        "num_replicas": 1,
+        "request_router_config": RequestRouterConfig(request_router_class=FEED_ROUTER),
+    }
+
+
+def test_one_gpu_replica_is_pinned_to_its_accelerator():
+    options = gpu_type(
+        autoscaling_config={"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 32},
+        max_ongoing_requests=128,
+        max_queued_requests=512,
+        env_vars={"VLLM_LOGGING_LEVEL": "WARNING"},
+    ).serve_options()
+    assert options["ray_actor_options"] == {
+        "num_cpus": 1.0,
+        "num_gpus": 1,
+        "accelerator_type": "A100",
+        "runtime_env": {"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}},
+    }
+    assert options["autoscaling_config"]["max_replicas"] == 8
+    assert "num_replicas" not in options
+    assert (options["max_ongoing_requests"], options["max_queued_requests"]) == (128, 512)
+    assert "placement_group_bundles" not in options
+
+
+def test_tensor_parallel_uses_one_gpu_bundle_per_shard_on_one_node():
+    config = gpu_type(tensor_parallel_size=4, num_cpus=2)
+    options = config.serve_options()
+    assert options["placement_group_strategy"] == "STRICT_PACK"
+    assert options["placement_group_bundles"] == [
+        {"GPU": 1.0, "accelerator_type:A100": 0.001, "CPU": 2},
+        {"GPU": 1.0, "accelerator_type:A100": 0.001},
+        {"GPU": 1.0, "accelerator_type:A100": 0.001},
+        {"GPU": 1.0, "accelerator_type:A100": 0.001},
+    ]
+    # The replica sits in bundle 0 without a GPU of its own; vLLM's Ray workers take the GPUs.
+    assert options["ray_actor_options"] == {"num_cpus": 2}
+    kwargs = config.engine_kwargs("/models/x")
+    assert kwargs["tensor_parallel_size"] == 4
+    assert kwargs["distributed_executor_backend"] == "ray"
+
+
+def test_ray_serve_accepts_the_options_and_translates_the_accelerator_as_nodes_advertise_it():
+    one_gpu = ModelServer.options(**gpu_type(accelerator_type="L4").serve_options())
+    # Ray's own translation: the resource an L4 node offers as accelerator_type:L4.
+    assert one_gpu._replica_config.resource_dict == {"CPU": 1.0, "GPU": 1.0, "accelerator_type:L4": 0.001}
+
+    sharded = ModelServer.options(**gpu_type(tensor_parallel_size=2, num_cpus=4).serve_options())
+    # Serve checked that the replica fits bundle 0, where it pins the replica.
+    assert sharded._replica_config.resource_dict == {"CPU": 4.0}
+    assert sharded._replica_config.placement_group_bundles[0]["CPU"] == 4.0
+
+
+def test_rollout_surge_and_drain_time_reach_serve():
+    options = gpu_type(max_surge_percent=25, graceful_shutdown_timeout_s=600).serve_options()
+    deployment = ModelServer.options(**options)
+    assert deployment._deployment_config.max_surge_percent == 25
+    assert deployment._deployment_config.graceful_shutdown_timeout_s == 600
+
+
+def test_catalog_types_get_their_description_and_override_variable():
+    for known in LOGICAL_MODEL_TYPES.values():
+        config = ModelTypeConfig(name=known.name)
+        assert (config.description, config.model_env) == (known.description, known.model_env)
+    # What a config says wins: production turns the environment override off.
+    assert ModelTypeConfig(name="ServiceAi-Pro", model_env=None).model_env is None
+    assert ModelTypeConfig(name="ServiceAi-Vision").model_env is None
+
+
+def test_accelerator_types_are_the_ones_ray_knows():
+    assert {"L4", "L40S", "A10G", "A100", "H100"} <= ray_accelerator_types()
+
+
+def test_engine_kwargs_name_the_logical_type_only():
+    kwargs = ModelTypeConfig(name="ServiceAi-Coder", engine_args={"max_model_len": 4096}).engine_kwargs("/m")
+    assert kwargs == {
+        "model": "/m",
+        "tokenizer": "/m",
+        "served_model_name": ["ServiceAi-Coder"],
+        "tensor_parallel_size": 1,
+        "max_model_len": 4096,
+        "enable_prefix_caching": True,
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+    }
+
+
+def test_engine_args_override_the_engine_defaults():
+    kwargs = ModelTypeConfig(
+        name="ServiceAi-Fast", engine_args={"enable_prefix_caching": False}
+    ).engine_kwargs("/m")
+    assert kwargs["enable_prefix_caching"] is False
+
+
+def test_model_env_overrides_the_model():
+    config = ModelTypeConfig(name="ServiceAi-Fast", model_env="SERVICEAI_MODEL_FAST")
+    assert config.resolved_model({}) == TINY_MODEL
+    assert config.resolved_model({"SERVICEAI_MODEL_FAST": "Qwen/Qwen2.5-0.5B-Instruct"}) == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"num_replicas": 2, "autoscaling_config": {"min_replicas": 1}}, "either num_replicas or autoscaling_config"),
+        ({"autoscaling_config": {"min_replicas": 3, "max_replicas": 1}}, "autoscaling_config"),
+        ({"autoscaling_config": {"no_such_option": 1}}, "no_such_option"),
+        ({"engine_args": {"model": "x"}}, "engine_args"),
+        ({"accelerator_type": "L4"}, "num_gpus_per_shard"),
+        ({"accelerator_type": "A10", "num_gpus_per_shard": 1}, "unknown accelerator_type 'A10'"),
+        ({"engine_args": {"distributed_executor_backend": "mp"}}, "distributed_executor_backend"),
+        ({"max_ongoing_requests": 65, "engine_args": {"max_num_seqs": 64}}, "exceeds the engine's max_num_seqs"),
+        ({"max_surge_percent": 101}, "max_surge_percent"),
+        ({"tensor_parallel_size": 2}, "num_gpus_per_shard: 1"),
+        ({"max_ongoing_requests": 0}, "max_ongoing_requests"),
+        ({"surprise": True}, "surprise"),
+        ({"name": "has space"}, "name"),
+    ],
+)
+def test_bad_config_names_the_field(fields, fragment):
+    with pytest.raises(ValidationError) as info:
+        ModelTypeConfig.model_validate({"name": "ServiceAi-Fast", **fields})
+    assert fragment in str(info.value)

@@ -1,0 +1,115 @@
+"""The same fault gets the same answer on every API: status, `code`, `x-should-retry`, and a
+`param` that names the field as that API calls it.
+
+Chat, completions and responses go through one pipeline (app/serving/pipeline.py); this table
+sends each fault to each API that can express it and compares what comes back.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.conftest import Stack, error_of
+from tests.e2e.conftest import serviceai_cli
+
+CHAT, COMPLETION, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
+FAR_BEYOND = "hello " * 6000  # thousands of tokens past the 2,048 of the context
+TOOL_CHAT = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+TOOL_RESPONSES = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+
+
+def bodies(model: str, **per_api: dict) -> dict[str, dict]:
+    """One body per API: the common part, and what each API says its own way."""
+    base = {
+        CHAT: {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        COMPLETION: {"model": model, "prompt": "hi", "max_tokens": 4},
+        RESPONSES: {"model": model, "input": "hi", "max_output_tokens": 4},
+    }
+    return {path: {**base[path], **fields} for path, fields in per_api.items()}
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    requests: dict[str, dict]
+    status: int
+    code: str
+    params: dict[str, str | None]
+
+
+FAULTS = [
+    Fault("unknown model",
+          bodies("ServiceAi-Nope", **{CHAT: {}, COMPLETION: {}, RESPONSES: {}}),
+          404, "model_not_found", {CHAT: "model", COMPLETION: "model", RESPONSES: "model"}),
+    Fault("a field the service does not know",
+          bodies("ServiceAi-Fast", **{p: {"frobnicate": 1} for p in (CHAT, COMPLETION, RESPONSES)}),
+          400, "unsupported_parameter",
+          {CHAT: "frobnicate", COMPLETION: "frobnicate", RESPONSES: "frobnicate"}),
+    Fault("a reply limit beyond the whole context (and beyond the plan's minute)",
+          bodies("ServiceAi-Pro", **{CHAT: {"max_tokens": 30_000},
+                                     COMPLETION: {"max_tokens": 30_000},
+                                     RESPONSES: {"max_output_tokens": 30_000}}),
+          400, "context_length_exceeded",
+          {CHAT: "max_tokens", COMPLETION: "max_tokens", RESPONSES: "max_output_tokens"}),
+    Fault("a prompt far beyond the context",
+          bodies("ServiceAi-Fast", **{
+              CHAT: {"messages": [{"role": "user", "content": FAR_BEYOND}]},
+              COMPLETION: {"prompt": FAR_BEYOND},
+              RESPONSES: {"input": FAR_BEYOND}}),
+          400, "context_length_exceeded", {CHAT: "messages", COMPLETION: "prompt", RESPONSES: "input"}),
+    Fault("a temperature out of range",
+          bodies("ServiceAi-Fast", **{p: {"temperature": 3} for p in (CHAT, COMPLETION, RESPONSES)}),
+          400, "invalid_value",
+          {CHAT: "temperature", COMPLETION: "temperature", RESPONSES: "temperature"}),
+    Fault("tools on a type without a tool-call parser",
+          bodies("ServiceAi-Coder", **{CHAT: {"tools": TOOL_CHAT},
+                                       RESPONSES: {"tools": TOOL_RESPONSES}}),
+          400, "unsupported_parameter", {CHAT: "tool_choice", RESPONSES: "tool_choice"}),
+]
+
+
+def answers(http: httpx.Client, fault: Fault) -> dict[str, tuple]:
+    found = {}
+    for path, body in fault.requests.items():
+        response = http.post(path, json=body)
+        error = error_of(response, response.status_code)
+        found[path] = (response.status_code, error["code"], error["param"],
+                       response.headers.get("x-should-retry"), "retry-after" in response.headers)
+    return found
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
+def test_each_fault_gets_the_same_answer_on_every_api(http, fault):
+    found = answers(http, fault)
+    assert {path: answer[2] for path, answer in found.items()} == fault.params
+    assert {(status, code, retry, after) for status, code, _, retry, after in found.values()} == {
+        (fault.status, fault.code, None, False)
+    }, found
+
+
+def test_a_spent_request_rate_gets_the_same_429_on_every_api(stack: Stack):
+    """Refused bodies count against the request rate, on every API alike: ten of them spend
+    the free plan's minute on Pro, and the next request of each API is the same 429."""
+    created = serviceai_cli(stack.database_url, "users", "create", "--email",
+                            f"{secrets.token_hex(5)}@parity.test", "--with-key", "--json")
+    stack.secrets.append(created["key"]["key"])
+    with httpx.Client(base_url=stack.origin, timeout=60,
+                      headers={"Authorization": f"Bearer {created['key']['key']}"}) as http:
+        refused = bodies("ServiceAi-Pro", **{p: {"temperature": 3}
+                                             for p in (CHAT, COMPLETION, RESPONSES)})
+        for i in range(10):
+            path = (CHAT, COMPLETION, RESPONSES)[i % 3]
+            assert http.post(path, json=refused[path]).status_code == 400
+        limited = bodies("ServiceAi-Pro", **{CHAT: {}, COMPLETION: {}, RESPONSES: {}})
+        found = {}
+        for path, body in limited.items():
+            response = http.post(path, json=body)
+            error = error_of(response, 429)
+            found[path] = (error["code"], error["type"], error["param"],
+                           response.headers.get("x-should-retry"),
+                           int(response.headers["retry-after"]) > 0)
+    assert set(found.values()) == {("rate_limit_exceeded", "requests", None, None, True)}, found
