@@ -1,4 +1,4 @@
-"""Tables, the chart and the README section of a benchmark run."""
+"""Tables, the chart and the docs/performance.md sections of a benchmark run."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+CHART = Path(__file__).resolve().parent / "results" / "latest-serving.png"
+"""The serving benchmark's chart, as `make bench` draws it."""
 
 # The overhead budget of issue 5, checked on every serving run that has the concurrencies it
 # reads (a run with other --concurrency levels skips the rest).
@@ -250,15 +253,17 @@ def serving_chart(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def update_readme(readme: Path, summary: dict[str, Any], table: str, section: str = "serving") -> None:
-    """Replace one benchmark section of the README (between its markers) with this run's table."""
+def update_doc(doc: Path, summary: dict[str, Any], table: str, section: str = "serving") -> None:
+    """Replace one benchmark section of a doc (between its markers) with this run's table; the
+    chart's link is relative to the doc."""
     start, end = f"<!-- bench:{section}:start -->", f"<!-- bench:{section}:end -->"
-    chart = "\n![TTFT and throughput](bench/results/latest-serving.png)" if section == "serving" else ""
+    chart_path = os.path.relpath(CHART, doc.parent)
+    chart = f"\n![TTFT and throughput]({chart_path})" if section == "serving" else ""
     block = f"{start}\n{table}{chart}\n{end}"
-    text = readme.read_text()
+    text = doc.read_text()
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
-    readme.write_text(text)
+    doc.write_text(text)

@@ -10,7 +10,7 @@ Both servers run the same generated tiny model with the same engine arguments (t
 ServiceAi-Fast in serve_config.yaml), or the model given with --model, with vLLM's defaults and
 --engine-args. Runs alternate between the two so that machine drift hits both. Results go to
 bench/results/; the serving table of the tiny model at the spec's concurrencies (`make bench`)
-is also written into README.md.
+is also written into docs/performance.md.
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ from bench.servers import (
 )
 
 RESULTS = PROJECT_ROOT / "bench" / "results"
+PERFORMANCE_DOC = PROJECT_ROOT / "docs" / "performance.md"
 STACK_LOCK = Path(tempfile.gettempdir()) / "serviceai-stack.lock"
 
-# Extra environment for the service's Ray cluster, on top of app.serve_runtime (experiments).
+# Extra environment for the service's Ray cluster, on top of app.serving.ray_runtime (experiments).
 SERVE_ENV: dict[str, str] = {}
 
 SERVING = {"input_len": 64, "output_len": 64, "concurrency": {1: 40, 8: 160, 32: 320}}
@@ -224,7 +225,8 @@ def run_plan(args: argparse.Namespace, gpu: bool) -> tuple[dict[str, Any], Bench
 def main() -> None:
     args = parser().parse_args()
     spec, target = run_plan(args, gpu=bool(report.gpu_names()))
-    # The README's table and latest-*.md are `make bench`'s: the tiny model at the spec's runs.
+    # docs/performance.md's tables and latest-*.md are `make bench`'s: the tiny model at the
+    # spec's runs.
     standard = args.model is None and args.concurrency is None and not args.engine_args
     SERVE_ENV.update(item.split("=", 1) for item in args.serve_env)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -237,11 +239,11 @@ def main() -> None:
         table = report.serving_table(summary)
         ray_table = report.ray_llm_table(summary) if args.ray_llm else ""
         if standard and args.ray_llm:
-            report.update_readme(PROJECT_ROOT / "README.md", summary, ray_table, section="ray-llm")
+            report.update_doc(PERFORMANCE_DOC, summary, ray_table, section="ray-llm")
             (RESULTS / "latest-ray-llm.md").write_text(ray_table)
         if standard:
-            report.serving_chart(summary, RESULTS / "latest-serving.png")
-            report.update_readme(PROJECT_ROOT / "README.md", summary, table)
+            report.serving_chart(summary, report.CHART)
+            report.update_doc(PERFORMANCE_DOC, summary, table)
         if ray_table:
             print(ray_table)
     else:

@@ -35,13 +35,13 @@ def test_each_contender_is_compared_with_the_bare_runs_of_its_own_phase():
             "| 120 (2.40x) |") in table
 
 
-def test_a_readme_section_is_replaced_between_its_own_markers(tmp_path):
-    readme = tmp_path / "README.md"
+def test_a_docs_section_is_replaced_between_its_own_markers(tmp_path):
+    readme = tmp_path / "performance.md"
     readme.write_text(
         "intro\n<!-- bench:serving:start -->\nold serving\n<!-- bench:serving:end -->\n"
         "between\n<!-- bench:ray-llm:start -->\nold ray\n<!-- bench:ray-llm:end -->\nend\n"
     )
-    report.update_readme(readme, _summary(), "new ray table\n", section="ray-llm")
+    report.update_doc(readme, _summary(), "new ray table\n", section="ray-llm")
     text = readme.read_text()
     assert "old serving" in text and "old ray" not in text
     assert "<!-- bench:ray-llm:start -->\nnew ray table\n\n<!-- bench:ray-llm:end -->" in text
