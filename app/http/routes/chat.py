@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 
 from app.accounts.auth import Caller, authenticate
-from app.openai.protocol import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ErrorResponse
+from app.openai.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
+from app.openai.protocol import ErrorResponse
 from app.serving.calls import ChatCall
 from app.serving.pipeline import serve
 

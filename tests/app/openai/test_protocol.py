@@ -1,7 +1,8 @@
 import pytest
 from pydantic import ValidationError
 
-from app.openai.protocol import ChatCompletionRequest, CompletionRequest
+from app.openai.chat import ChatCompletionRequest
+from app.openai.completions import CompletionRequest
 
 
 def request(**fields):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-from types import SimpleNamespace
 
 import pytest
 
 from app.openai.errors import ApiError
-from app.openai.protocol import ChatCompletionRequest, CompletionRequest
+from app.openai.chat import ChatCompletionRequest
+from app.openai.completions import CompletionRequest
 from app.observability.metrics import InFlight
 from app.observability.request_record import CLIENT_CLOSED, RequestRecord
 from app.openai.responses import ResponseCreateRequest
