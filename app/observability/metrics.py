@@ -10,8 +10,11 @@ written by a once-a-second task, not per request.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter as Tally
 
+from ray import serve
+from ray.serve.exceptions import RayServeException
 from ray.util.metrics import Counter, Gauge, Histogram
 
 NO_MODEL = "none"
@@ -47,16 +50,18 @@ COMPLETION_TOKENS = Counter(
     description="Generated tokens sent to clients.",
     tag_keys=("model_type",),
 )
+# Ray exports one value per label set of a gauge (the first worker's: it drops the worker id),
+# so each ingress replica's gauges carry the replica, or replicas would hide each other's.
 ACTIVE_STREAMS = Gauge(
     "serviceai_active_streams",
     description="Streams this ingress replica is sending right now.",
-    tag_keys=("model_type",),
+    tag_keys=("model_type", "replica"),
 )
 QUEUE_DEPTH = Gauge(
     "serviceai_queue_depth",
     description="Requests this ingress replica has sent to a model type that wait for their "
     "first token (whole replies: for their result).",
-    tag_keys=("model_type",),
+    tag_keys=("model_type", "replica"),
 )
 RATE_LIMITED = Counter(
     "serviceai_rate_limited",
@@ -89,10 +94,13 @@ class InFlight:
     def __init__(self) -> None:
         self.waiting: Tally[str] = Tally()
         self.streaming: Tally[str] = Tally()
+        self._replica: str | None = None
 
     def publish(self) -> None:
+        if self._replica is None:
+            self._replica = replica_label()
         for model_type in self.waiting.keys() | self.streaming.keys():
-            tags = {"model_type": model_type}
+            tags = {"model_type": model_type, "replica": self._replica}
             QUEUE_DEPTH.set(self.waiting[model_type], tags)
             ACTIVE_STREAMS.set(self.streaming[model_type], tags)
 
@@ -100,3 +108,13 @@ class InFlight:
         while True:
             self.publish()
             await asyncio.sleep(period_s)
+
+
+def replica_label() -> str:
+    """This ingress replica as a gauge's `replica` label: its application and Serve's id for it
+    ("serviceai/abc123"); the process id outside Serve (tests)."""
+    try:
+        context = serve.get_replica_context()
+    except RayServeException:
+        return f"pid-{os.getpid()}"
+    return f"{context.app_name}/{context.replica_id.unique_id}"

@@ -322,8 +322,10 @@ def test_a_full_queue_answers_503_at_once(stack):
             )
             queued.start()
             # Wait (not a fixed sleep) until the ingress reports the second request waiting.
-            wait_until(lambda: scrape(stack)[series(QUEUE_DEPTH, model_type="ServiceAi-Fast")] >= 1,
-                       timeout_s=30, interval_s=0.5)
+            # (Each ingress replica has its own series: the stack's has this type too.)
+            depth = series(QUEUE_DEPTH, model_type="ServiceAi-Fast")
+            wait_until(lambda: scrape(stack, "tiny-queue")[depth] >= 1, timeout_s=30,
+                       interval_s=0.5)
             refused = httpx.post(f"{base_url}/chat/completions", json=dict(long, stream=False),
                                  headers=auth, timeout=60)
             # Answered while the first stream still runs: not after a wait for a slot.

@@ -33,12 +33,16 @@ GAUGES = ("ray_serviceai_active_streams", "ray_serviceai_queue_depth")
 SERIES_LABELS = ("route", "model_type", "status", "reason", "model_name", "limit", "plan")
 
 
-def scrape(stack: Stack) -> Counter:
-    """Every sample at Ray's Prometheus endpoint, summed over workers and replicas."""
+def scrape(stack: Stack, application: str | None = None) -> Counter:
+    """Every sample at Ray's Prometheus endpoint, summed over workers and replicas (for the
+    gauges that carry their ingress replica: those of one Serve application's, if named)."""
     totals: Counter = Counter()
     text = httpx.get(stack.metrics_url, timeout=10).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            replica = sample.labels.get("replica", "")
+            if application is not None and not replica.startswith(f"{application}/"):
+                continue
             labels = tuple((k, sample.labels[k]) for k in SERIES_LABELS if k in sample.labels)
             totals[(sample.name, labels)] += sample.value
     return totals
