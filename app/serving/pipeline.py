@@ -153,16 +153,16 @@ def check_reply_length(call: ApiCall, model: ModelInfo) -> None:
 
 
 def check_tools(model: ModelInfo, tools: object, tool_choice: object) -> None:
-    """Tools need the type's tool-call parser, for every choice but 'none' (vLLM frames even a
-    forced call with it)."""
-    if tools and tool_choice != "none" and model.tool_call_parser is None:
-        choice = "auto" if tool_choice is None else (
-            tool_choice if isinstance(tool_choice, str) else "a named function"
-        )
+    """An automatic tool choice needs the type's tool-call parser (its model's call format); a
+    forced one (`required`, a named function) is served on every type, as JSON constrained to
+    the schema, and 'none' calls nothing."""
+    automatic = tool_choice is None or tool_choice == "auto"
+    if tools and automatic and model.tool_call_parser is None:
         raise ApiError(
             400,
-            f"{model.name} has no tool-call parser, so it cannot call tools: tool_choice "
-            f"'{choice}' is not supported on it (only 'none'). Use a model type that parses "
+            f"{model.name} has no tool-call parser, so it cannot choose to call tools: "
+            "tool_choice 'auto' is not supported on it. Force a call (tool_choice 'required' "
+            "or a named function), send tool_choice 'none', or use a model type that parses "
             "tool calls.",
             param="tool_choice",
             code="unsupported_parameter",

@@ -8,6 +8,7 @@ stream's error events turned into raised errors.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +23,20 @@ from vllm.renderers.inputs.preprocess import extract_prompt_len
 from deployments.vllm_engine.replies import Event, refusal, stream_failure
 
 _ERROR_EVENT = "data: {\"error\""
+
+
+def compact_json(text: str) -> str:
+    """`text` without the whitespace of vLLM's `json.dumps` of parsed arguments (a stream's
+    arguments come as the model wrote them: compact), and with any control character in its
+    strings escaped (the random test model once got one past the grammar: a raw U+0006 in a
+    /v1/responses call); as it is if it is not JSON (a call that max_tokens cut short)."""
+    try:
+        parsed = json.loads(text, strict=False)
+    except ValueError:
+        return text
+    return json.dumps(parsed, separators=(",", ":"), ensure_ascii=False)
+
+
 _DONE_EVENT = "data: [DONE]\n\n"
 
 
@@ -37,6 +52,9 @@ class _SseApi:
         return self._serving.create_error_response(error)
 
     def body(self, result: Any) -> bytes:
+        for choice in getattr(result, "choices", ()):
+            for call in getattr(getattr(choice, "message", None), "tool_calls", None) or ():
+                call.function.arguments = compact_json(call.function.arguments)
         return result.model_dump_json().encode()
 
     def schema_param(self, body: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
-from deployments.vllm_engine import replies
+from deployments.vllm_engine import forced_tool_calls, replies
 from deployments.vllm_engine.completions import ChatApi, CompletionApi
 from deployments.vllm_engine.counting import CountingEngineClient
 from deployments.vllm_engine.replies import ServedApi
@@ -38,7 +38,6 @@ TEMPLATE_PROBE: dict[str, Any] = {
 }
 """A conversation with no text of its own: its tokens are what the chat template adds by
 itself (a default system prompt, the tool-calling preamble, the generation prompt)."""
-RESPONSES_TOOL_STRICT_LEVEL = "auto"
 
 
 def frontend_args(
@@ -76,9 +75,13 @@ class VllmEngine:
         name: str,
         engine: AsyncLLM,
         state: State,
+        *,
         tool_call_parser: str | None,
         reasoning_parser: str | None,
+        parser: str,
+        tool_strict_level: str,
     ) -> None:
+        """`tool_call_parser` as configured; `parser`: the one vLLM runs (forced_tool_calls)."""
         self.name = name
         self._engine = engine
         self._apis: dict[str, ServedApi] = {
@@ -86,6 +89,8 @@ class VllmEngine:
             "completion": CompletionApi(state.openai_serving_completion),
         }
         self._responses: Any = None  # vLLM's Responses handler, built on first use
+        self._parser = parser
+        self._tool_strict_level = tool_strict_level
         self.tool_call_parser = tool_call_parser
         self.reasoning_parser = reasoning_parser
         self.max_model_len: int = engine.model_config.max_model_len
@@ -106,9 +111,10 @@ class VllmEngine:
         the model is loaded. vLLM's engine metrics (vllm:*) go out through Ray's metrics API,
         beside the ingress's."""
         args = AsyncEngineArgs(**_for_this_platform(engine_kwargs))
+        parser = forced_tool_calls.install(tool_call_parser)
         namespace = frontend_args(
             args,
-            tool_call_parser=tool_call_parser,
+            tool_call_parser=parser,
             reasoning_parser=reasoning_parser,
             chat_template=chat_template,
             tool_strict_level=tool_strict_level,
@@ -126,7 +132,10 @@ class VllmEngine:
         )
         # vLLM's error path reads the uvicorn server its own launcher would have set.
         state.server = argparse.Namespace(should_exit=False)
-        served = cls(name, engine, state, tool_call_parser, reasoning_parser)
+        served = cls(
+            name, engine, state, tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser, parser=parser, tool_strict_level=tool_strict_level,
+        )
         try:
             served.template_tokens = await served.prompt_tokens("chat", TEMPLATE_PROBE)
         except GenerationError as exc:
@@ -155,7 +164,7 @@ class VllmEngine:
 
         if self._responses is None:
             self._responses = build_serving(
-                self._engine, self.name, self.tool_call_parser, RESPONSES_TOOL_STRICT_LEVEL
+                self._engine, self.name, self._parser, self._tool_strict_level
             )
         return ResponsesApi(self._responses, body)
 

@@ -23,6 +23,7 @@ from vllm.renderers.inputs.preprocess import extract_prompt_len
 from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from deployments.vllm_engine.completions import compact_json
 from deployments.vllm_engine.counting import CountingEngineClient
 from deployments.vllm_engine.replies import Event
 
@@ -102,6 +103,7 @@ class ResponsesApi:
         return "text.format" if body.get("text") else "tools"
 
     def body(self, result: ResponsesResponse) -> bytes:
+        _compact_calls(result)
         return _echoed(result, self._echo).model_dump_json(by_alias=True, exclude=_VLLM_ONLY).encode()
 
     async def events(self, stream: AsyncIterator[Any]) -> AsyncIterator[Event]:
@@ -110,6 +112,7 @@ class ResponsesApi:
             async for event in stream:
                 response = getattr(event, "response", None)
                 if response is not None:
+                    _compact_calls(response)
                     _echoed(response, self._echo)
                     data = event.model_dump_json(by_alias=True, exclude={"response": _VLLM_ONLY})
                 else:
@@ -128,6 +131,12 @@ class ResponsesApi:
         if isinstance(rendered, ErrorResponse):
             return rendered
         return extract_prompt_len(self._serving.model_config, rendered.engine_input)
+
+
+def _compact_calls(response: Any) -> None:
+    for item in getattr(response, "output", None) or ():
+        if getattr(item, "type", None) == "function_call":
+            item.arguments = compact_json(item.arguments)
 
 
 def _echoed(response: Any, echo: dict[str, Any]) -> Any:

@@ -106,77 +106,20 @@ def test_invalid_schema_is_400_naming_response_format(http):
 # Tools
 
 
-@pytest.fixture(scope="module")
-def no_padding(tokenizer) -> dict[str, int]:
-    """logit_bias against whitespace-only tokens.
-
-    vLLM's tool-call grammar (xgrammar's structural tag) allows any whitespace inside the
-    arguments; vLLM's disable_any_whitespace does not reach it. Random weights then pad with
-    newlines until max_tokens, which a real model does not do. The bias only steers the sampler
-    among what the grammar allows: the schema constraint is what these tests check.
-    """
-    return {
-        str(i): -100 for i in range(len(tokenizer))
-        if (text := tokenizer.decode([i])) and not text.strip()
-    }
-
-
 def assert_weather_call(call) -> None:
     assert call.type == "function" and call.id
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMETERS)
 
 
-NAMED = {"type": "function", "function": {"name": "get_weather"}}
-# OpenAI's finish_reason: "tool_calls" when the model chose to call, "stop" for a named function.
-FORCED = [("required", "tool_calls"), (NAMED, "stop")]
-
-
-@pytest.mark.parametrize(("tool_choice", "finish_reason"), FORCED)
-def test_forced_tool_choice_yields_a_call_matching_the_schema(
-    client, no_padding, tool_choice, finish_reason
-):
-    response = client.chat.completions.create(
-        model="ServiceAi-Fast", messages=HI, tools=TOOLS, tool_choice=tool_choice,
-        parallel_tool_calls=False, max_tokens=200, seed=2, logit_bias=no_padding,
-    )
-    [choice] = response.choices
-    assert choice.finish_reason == finish_reason
-    [call] = choice.message.tool_calls
-    assert_weather_call(call)
-
-
-@pytest.mark.parametrize(("tool_choice", "finish_reason"), FORCED)
-def test_streamed_tool_call_deltas_assemble_into_a_call(
-    client, no_padding, tool_choice, finish_reason
-):
-    calls: dict[int, dict] = {}
-    finish = None
-    for chunk in client.chat.completions.create(
-        model="ServiceAi-Pro", messages=HI, tools=TOOLS, tool_choice=tool_choice,
-        parallel_tool_calls=False, max_tokens=200, seed=4, stream=True, logit_bias=no_padding,
-    ):
-        if not chunk.choices:
-            continue
-        finish = chunk.choices[0].finish_reason or finish
-        for delta in chunk.choices[0].delta.tool_calls or ():
-            call = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
-            call["id"] = delta.id or call["id"]
-            if delta.function:
-                call["name"] += delta.function.name or ""
-                call["arguments"] += delta.function.arguments or ""
-    assert finish == finish_reason
-    [call] = calls.values()
-    assert call["id"] and call["name"] == "get_weather"
-    jsonschema.validate(json.loads(call["arguments"]), WEATHER_PARAMETERS)
-
-
-def test_the_agent_loops_next_turn_is_accepted(client, no_padding):
+def test_the_agent_loops_next_turn_is_accepted(client):
+    """Forced calls themselves: tests/e2e/test_tool_calls.py."""
     first = client.chat.completions.create(
         model="ServiceAi-Fast", messages=HI, tools=TOOLS, tool_choice="required",
-        parallel_tool_calls=False, max_tokens=200, logit_bias=no_padding,
+        parallel_tool_calls=False, max_tokens=200,
     )
     call = first.choices[0].message.tool_calls[0]
+    assert_weather_call(call)
     messages = [
         *HI,
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
@@ -198,16 +141,6 @@ def test_auto_tool_choice_with_a_parser_is_served(client):
         parallel_tool_calls=False,
     )
     assert response.choices[0].finish_reason in ("stop", "length", "tool_calls")
-
-
-@pytest.mark.parametrize("tool_choice", ["auto", None, "required", NAMED])
-def test_tool_calls_on_a_type_without_a_parser_are_400(http, tool_choice):
-    body = {"model": "ServiceAi-Coder", "messages": HI, "tools": TOOLS}
-    if tool_choice:
-        body["tool_choice"] = tool_choice
-    error = error_of(http.post("/v1/chat/completions", json=body), 400)
-    assert error["param"] == "tool_choice"
-    assert "no tool-call parser" in error["message"]
 
 
 def test_tool_choice_none_on_a_type_without_a_parser_is_served(client):

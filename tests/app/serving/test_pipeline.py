@@ -50,8 +50,14 @@ def test_a_reply_beyond_the_context_is_400_naming_the_apis_field(call, param):
     )
 
 
-@pytest.mark.parametrize("choice", [None, "auto", "required", {"type": "function", "function": {"name": "f"}}])
-def test_tool_calls_need_a_parser_on_chat_and_responses(choice):
+@pytest.mark.parametrize(
+    ("choice", "needs_a_parser"),
+    [(None, True), ("auto", True), ("required", False),
+     ({"type": "function", "function": {"name": "f"}}, False)],
+)
+def test_an_automatic_tool_choice_needs_a_parser_a_forced_one_does_not(choice, needs_a_parser):
+    """A forced call is JSON constrained to the schema, on any type; an automatic one needs
+    the type's parser to find a call in the model's own format. Chat and responses alike."""
     def responses_choice(c):
         return {"type": "function", "name": "f"} if isinstance(c, dict) else c
 
@@ -62,10 +68,13 @@ def test_tool_calls_need_a_parser_on_chat_and_responses(choice):
     ]
     for make in calls:
         make(choice).check_against_model(WITH_PARSER)
+        make("none").check_against_model(WITHOUT_PARSER)
+        if not needs_a_parser:
+            make(choice).check_against_model(WITHOUT_PARSER)
+            continue
         with pytest.raises(ApiError) as info:
             make(choice).check_against_model(WITHOUT_PARSER)
         assert info.value.param == "tool_choice" and "no tool-call parser" in info.value.message
-        make("none").check_against_model(WITHOUT_PARSER)
 
 
 def test_reasoning_effort_needs_a_reasoning_parser():
