@@ -54,7 +54,7 @@ audit: install
 soak: install
 	$(BIN)/python -m pytest -m soak tests/soak -s
 
-# Bare vLLM vs this service with vLLM's own load generator; updates README's table (~10 min).
+# Bare vLLM vs this service with vLLM's own load generator; rewrites docs/performance.md (~10 min).
 bench: install
 	$(BIN)/python -m bench.run serving
 

@@ -1,8 +1,13 @@
-"""Per-plan rate limits: checked before dispatch, charged with the engine's real usage after.
+"""Per-plan rate limits: checked and reserved before dispatch, settled with the engine's real
+usage after.
 
 Counters are `limits` fixed windows, per user and model type, in process memory (one ingress
-replica) or in Redis (shared by every replica); `app.limits.counters` reads and bumps them in one round
-trip per request. After the reply its tokens are charged off the response path.
+replica) or in Redis (shared by every replica). Admission checks them and reserves the most
+the reply may generate in one step that no other request can interleave with
+(`app.limits.counters`), so requests admitted side by side never generate together more than
+the plan has room for. After the reply its real tokens, prompt included, replace the
+reservation, off the response path. Prompts are charged when the engine has counted them: a
+key can pass a token window by at most the prompts of the requests it has running at once.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 from limits import RateLimitItemPerDay, RateLimitItemPerMinute
 
 from app.accounts.auth import Caller
-from app.limits.counters import CounterKeys, Counters
+from app.limits.counters import Ask, CounterKeys, Counters
 from app.limits.plans import ModelTypeLimits, Plan, Plans
 from app.limits.slots import LeaseKeeper
 from app.observability.metrics import rate_limited
@@ -74,12 +79,17 @@ class Admission:
         *,
         lease: str = "",
         reply_cap: int | None = None,
+        reserved: int = 0,
+        window_ends: float = 0.0,
     ) -> None:
         self._limits = limits
         self._keys = keys
         self.headers = headers
         self._lease = lease
         self.reply_cap = reply_cap
+        self.reserved = reserved
+        """Completion tokens held for the reply in the minute's and the day's windows."""
+        self._window_ends = window_ends
         self._settled = False
 
     def reply_length(self, context: int) -> int | None:
@@ -90,14 +100,18 @@ class Admission:
         return None if self.reply_cap is None else min(self.reply_cap, context)
 
     def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """Charge the tokens the engine reported and free the concurrency slot (once)."""
+        """Replace the reservation by the tokens the engine reported and free the concurrency
+        slot (once)."""
         if self._settled or self._limits is None or self._keys is None:
             return
         self._settled = True
         limits = self._limits
         limits.leases.drop(self._lease)
         tokens = prompt_tokens + completion_tokens
-        limits.in_background(limits.counters.charge(self._keys, self._lease, tokens))
+        same_window = time.time() < self._window_ends
+        limits.in_background(limits.counters.settle(
+            self._keys, self._lease, self.reserved, tokens, same_window
+        ))
 
 
 UNLIMITED = Admission(None, None, {})
@@ -168,41 +182,50 @@ class RateLimits:
                 )
 
     async def admit(
-        self, caller: Caller, model_type: str, max_tokens: int | None, *, choices: int = 1
+        self,
+        caller: Caller,
+        model_type: str,
+        max_tokens: int | None,
+        *,
+        choices: int = 1,
+        longest: int | None = None,
     ) -> Admission:
-        """Count the request and take a concurrency slot, or refuse it with a 429.
+        """Count the request, take a concurrency slot and reserve its reply, or refuse it
+        with a 429.
 
         `max_tokens` (the most completion tokens the reply may take, all choices together)
-        above what is left of the token budget or the daily quota is refused up front;
-        without it, the reply is capped at what is left (`Admission.reply_length`).
+        above what is left of the token budget or the daily quota is refused up front, and
+        reserved otherwise; without it the reply is capped at what is left, each choice at
+        `longest` (the context), and that cap is reserved (`Admission.reply_length`).
+        Requests running at once never hold more than the windows have left.
         """
         limits = self.plan_limits(caller.plan).on(model_type)
         keys = self._keys(caller, model_type, limits)
+        ask = Ask(limits.concurrent_requests, max_tokens, choices, longest)
         lease = uuid.uuid4().hex
         try:
-            seen = await self.counters.admit(keys, lease)
+            seen = await self.counters.admit(keys, lease, ask)
         except Exception as exc:  # any storage failure: Redis down, timeout, protocol error
             return self._storage_failed(exc)
         now = time.time()
         request_window = Window(limits.requests_per_minute, seen.requests, seen.requests_reset)
         token_window = Window(limits.tokens_per_minute, seen.tokens, seen.tokens_reset)
         daily_window = Window(limits.tokens_per_day, seen.daily_tokens, _next_midnight(now))
-        headers = rate_limit_headers(request_window, token_window, now)
-        # Without max_tokens each choice still needs one token of what is left.
-        asked = max_tokens if max_tokens is not None or choices == 1 else choices
-        refusal = _refusal(
-            model_type, limits, request_window, token_window, daily_window, seen.in_flight,
-            asked, now,
-        )
-        if refusal is not None:
-            limit, error = refusal
+        if not seen.reserved:
+            limit, error = _refusal(
+                model_type, limits, request_window, token_window, daily_window, seen.in_flight,
+                ask, now,
+            )
             rate_limited(limit, caller.plan, model_type)
-            self.in_background(self.counters.release(keys.concurrency_key(), lease))
-            error.headers.update(headers)
+            error.headers.update(rate_limit_headers(request_window, token_window, now))
             raise error
         self.leases.hold(keys.concurrency_key(), lease)
-        reply_cap = min(token_window.remaining, daily_window.remaining) // choices
-        return Admission(self, keys, headers, lease=lease, reply_cap=reply_cap)
+        held = Window(token_window.limit, token_window.used + seen.reserved, seen.tokens_reset)
+        headers = rate_limit_headers(request_window, held, now)
+        return Admission(
+            self, keys, headers, lease=lease, reply_cap=seen.reserved // choices,
+            reserved=seen.reserved, window_ends=seen.tokens_reset,
+        )
 
     async def has_requests_left(self, caller: Caller, model_type: str) -> bool:
         """Whether the caller's request window on `model_type` has room, read without
@@ -302,13 +325,15 @@ def _refusal(
     tokens: Window,
     daily: Window,
     in_flight: int,
-    max_tokens: int | None,
+    ask: Ask,
     now: float,
-) -> tuple[str, ApiError] | None:
-    """The limit a request hits and its 429, if any: quota first (no retry helps), then the
-    rates. The limit's name is the `limit` label of serviceai_rate_limited."""
-    if daily.remaining <= 0 or (max_tokens is not None and max_tokens > daily.remaining):
-        asked = "" if daily.remaining <= 0 else f" The reply may take {max_tokens} (max_tokens)."
+) -> tuple[str, ApiError]:
+    """The limit a request that `counters.reservation` refused hit, and its 429: quota first
+    (no retry helps), then the rates. The limit's name is the `limit` label of
+    serviceai_rate_limited. The windows count the reservations of running requests."""
+    max_tokens = ask.reply_tokens
+    if daily.remaining <= 0 or ask.needs > daily.remaining:
+        asked = "" if daily.remaining <= 0 else f" The reply may take {ask.needs} (max_tokens)."
         return "tokens_per_day", ApiError(
             429,
             f"You exceeded your daily token quota for {model_type}: {daily.remaining} of "
@@ -332,19 +357,18 @@ def _refusal(
             f"{limits.concurrent_requests} at once. Wait for one to finish.",
             1,
         )
-    if tokens.remaining <= 0:
+    if tokens.remaining <= 0 or max_tokens is None:
         return "tokens_per_minute", _too_many(
             "tokens",
             f"Rate limit reached for {model_type} on tokens per minute: limit {tokens.limit}, "
-            f"used {tokens.used}.",
+            f"used or held by running requests {tokens.used}.",
             tokens.resets_in(now),
         )
-    if max_tokens is not None and max_tokens > tokens.remaining:
-        return "tokens_per_minute", _too_many(
-            "tokens",
-            f"Rate limit reached for {model_type} on tokens per minute: the reply may take "
-            f"{max_tokens} tokens (max_tokens), more than the {tokens.remaining} of "
-            f"{tokens.limit} left this minute; lower max_tokens, or wait.",
-            tokens.resets_in(now),
-        )
-    return None
+    return "tokens_per_minute", _too_many(
+        "tokens",
+        f"Rate limit reached for {model_type} on tokens per minute: the reply may take "
+        f"{max_tokens} tokens (max_tokens), more than the {tokens.remaining} of "
+        f"{tokens.limit} left this minute (running requests hold what their replies may "
+        "take); lower max_tokens, or wait.",
+        tokens.resets_in(now),
+    )

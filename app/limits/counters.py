@@ -4,17 +4,26 @@ A request's counters are fixed windows (a minute of requests, a minute of tokens
 tokens; each window starts with its first hit and expires with it) and its concurrency slot,
 a lease: a member of a set per user and model type whose score is its expiry. Taking a slot
 drops the expired members first, so a count can neither drift past the leases that are alive
-nor go below zero, whatever order releases arrive in. Admission reads and bumps all of them in
-one step (`admit`); a reply's tokens are charged, and its slot freed, in another (`charge`).
+nor go below zero, whatever order releases arrive in.
+
+Admission checks and takes in one step that nothing can interleave with (`admit`: a Lua
+script in Redis, a lock in memory): it counts the request, takes its slot, and reserves the
+most its reply may generate in the minute's and the day's token windows, so that requests
+admitted side by side cannot together pass the plan. Settling (`settle`) replaces the
+reservation by the tokens the engine counted, prompt included, and frees the slot; a
+reservation whose window has ended by then went with it, and the tokens are charged to the
+window of the moment. A refused request reserves nothing and holds no slot.
 
 `MemoryCounters` holds them for one ingress replica (`limits`' memory storage); `RedisCounters`
-for every replica alike, in one MULTI/EXEC round trip per step (redis-py): through `limits`,
-one call per counter, the same work took about twice the CPU and latency (bench/NOTES.md).
+for every replica alike, in one round trip per step (a script, or MULTI/EXEC; redis-py):
+through `limits`, one call per counter, the same work took about twice the CPU and latency
+(bench/NOTES.md).
 Expiry times of leases are Unix times of the replica that wrote them (hosts keep time by NTP).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -57,8 +66,48 @@ class CounterKeys:
 
 
 @dataclass(frozen=True, slots=True)
+class Ask:
+    """What a request asks of its plan on one model type, beyond the keys' own limits."""
+
+    concurrent_requests: int
+    reply_tokens: int | None
+    """The most its reply may generate, all choices (None: what the windows have left)."""
+    choices: int = 1
+    longest: int | None = None
+    """The most one choice can generate (the model's context); None: unbounded."""
+
+    @property
+    def needs(self) -> int:
+        """Tokens that must be left to admit it: its reply's most, or a token per choice."""
+        return self.reply_tokens if self.reply_tokens is not None else self.choices
+
+
+def reservation(
+    keys: CounterKeys, ask: Ask, requests: int, in_flight: int, tokens: int, daily_tokens: int
+) -> int:
+    """The completion tokens admission reserves for a request seen with these counts (its own
+    request and slot counted), 0 when a limit refuses it. `RESERVE` is this function in Lua;
+    `app.limits.admission` words the refusal."""
+    tokens_left = max(0, keys.tokens.amount - tokens)
+    daily_left = max(0, keys.daily.amount - daily_tokens)
+    if (
+        requests > keys.requests.amount
+        or in_flight > ask.concurrent_requests
+        or ask.needs > min(tokens_left, daily_left)
+    ):
+        return 0
+    if ask.reply_tokens is not None:
+        return ask.reply_tokens
+    each = min(tokens_left, daily_left) // ask.choices
+    if ask.longest is not None:
+        each = min(each, ask.longest)
+    return each * ask.choices
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The counters right after a request was counted; resets are Unix times."""
+    """The counters as admission saw them, the request counted and its slot taken but before
+    its reservation; resets are Unix times."""
 
     requests: int
     requests_reset: float
@@ -66,16 +115,23 @@ class Snapshot:
     tokens_reset: float
     daily_tokens: int
     in_flight: int
+    reserved: int
+    """Completion tokens reserved for the request in both token windows (0: refused)."""
 
 
 class Counters(Protocol):
     """The plans' counters and slots, the same operations in memory and in Redis."""
 
-    async def admit(self, keys: CounterKeys, lease: str) -> Snapshot:
-        """Count the request, hold its slot (`lease`), read the token windows: one step."""
+    async def admit(self, keys: CounterKeys, lease: str, ask: Ask) -> Snapshot:
+        """Count the request, hold its slot (`lease`), read the token windows and reserve its
+        reply in them (`reservation`), all in one step; a refused request keeps no slot."""
 
-    async def charge(self, keys: CounterKeys, lease: str, tokens: int) -> None:
-        """Add the tokens a reply used to its windows (past the limit too); free its slot."""
+    async def settle(
+        self, keys: CounterKeys, lease: str, reserved: int, tokens: int, same_window: bool
+    ) -> None:
+        """Replace a reservation by the tokens the reply used (past the limit too) and free
+        its slot. `same_window`: the minute's window the reservation went to is still open
+        (else the tokens go to the window of the moment, the reservation having gone)."""
 
     async def count_request(self, keys: CounterKeys) -> None:
         """Count a request refused before admission (an invalid body) in its window."""
@@ -106,24 +162,51 @@ class MemoryCounters:
         self._clock = clock
         self._windows = MemoryStorage()
         self._held: dict[str, dict[str, float]] = {}
+        # `limits`' storage awaits between reads and writes: admissions and settlements take
+        # turns, as a script does in Redis.
+        self._turn = asyncio.Lock()
 
-    async def admit(self, keys: CounterKeys, lease: str) -> Snapshot:
+    async def admit(self, keys: CounterKeys, lease: str, ask: Ask) -> Snapshot:
         windows = self._windows
-        requests = await windows.incr(keys.requests_key(), keys.requests.get_expiry())
-        return Snapshot(
-            requests=requests,
-            requests_reset=await windows.get_expiry(keys.requests_key()),
-            tokens=await windows.get(keys.tokens_key()),
-            tokens_reset=await windows.get_expiry(keys.tokens_key()),
-            daily_tokens=await windows.get(keys.daily_key()),
-            in_flight=self._take(keys.concurrency_key(), lease),
-        )
+        async with self._turn:
+            requests = await windows.incr(keys.requests_key(), keys.requests.get_expiry())
+            tokens = await windows.get(keys.tokens_key())
+            daily_tokens = await windows.get(keys.daily_key())
+            in_flight = self._take(keys.concurrency_key(), lease)
+            reserved = reservation(keys, ask, requests, in_flight, tokens, daily_tokens)
+            if reserved:
+                await windows.incr(keys.tokens_key(), keys.tokens.get_expiry(), reserved)
+                await windows.incr(keys.daily_key(), keys.daily.get_expiry(), reserved)
+            else:
+                await self.release(keys.concurrency_key(), lease)
+            return Snapshot(
+                requests=requests,
+                requests_reset=await windows.get_expiry(keys.requests_key()),
+                tokens=tokens,
+                tokens_reset=await windows.get_expiry(keys.tokens_key()),
+                daily_tokens=daily_tokens,
+                in_flight=in_flight,
+                reserved=reserved,
+            )
 
-    async def charge(self, keys: CounterKeys, lease: str, tokens: int) -> None:
-        if tokens > 0:
-            await self._windows.incr(keys.tokens_key(), keys.tokens.get_expiry(), tokens)
-            await self._windows.incr(keys.daily_key(), keys.daily.get_expiry(), tokens)
-        await self.release(keys.concurrency_key(), lease)
+    async def settle(
+        self, keys: CounterKeys, lease: str, reserved: int, tokens: int, same_window: bool
+    ) -> None:
+        async with self._turn:
+            await self._replace(keys.tokens_key(), keys.tokens, reserved, tokens, same_window)
+            await self._replace(keys.daily_key(), keys.daily, reserved, tokens, True)
+            await self.release(keys.concurrency_key(), lease)
+
+    async def _replace(
+        self, key: str, item: RateLimitItem, reserved: int, tokens: int, same_window: bool
+    ) -> None:
+        windows = self._windows
+        if same_window and await windows.get(key) > 0:
+            left = await windows.incr(key, item.get_expiry(), tokens - reserved)
+            if left < 0:
+                await windows.incr(key, item.get_expiry(), -left)
+        elif tokens > 0:
+            await windows.incr(key, item.get_expiry(), tokens)
 
     async def count_request(self, keys: CounterKeys) -> None:
         await self._windows.incr(keys.requests_key(), keys.requests.get_expiry())
@@ -169,11 +252,73 @@ class MemoryCounters:
         pass
 
 
+RESERVE = """
+-- KEYS: requests, tokens, daily, slots. ARGV: the three windows' expiries, lease, now,
+-- lease ttl, then `reservation`'s limits: requests, tokens, daily, concurrent requests,
+-- reply tokens (-1: none), choices, longest (-1: none).
+local requests = redis.call('INCRBY', KEYS[1], 1)
+redis.call('EXPIRE', KEYS[1], ARGV[1], 'NX')
+local now, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+redis.call('ZADD', KEYS[4], now + ttl, ARGV[4])
+local in_flight = redis.call('ZCARD', KEYS[4])
+redis.call('EXPIRE', KEYS[4], math.ceil(ttl) + 1)
+local tokens = tonumber(redis.call('GET', KEYS[2]) or '0')
+local daily = tonumber(redis.call('GET', KEYS[3]) or '0')
+local reply, choices, longest = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local left = math.min(math.max(0, tonumber(ARGV[8]) - tokens),
+                      math.max(0, tonumber(ARGV[9]) - daily))
+local needs = reply
+if reply < 0 then needs = choices end
+local reserved = 0
+if requests <= tonumber(ARGV[7]) and in_flight <= tonumber(ARGV[10]) and needs <= left then
+  if reply >= 0 then
+    reserved = reply
+  else
+    local each = math.floor(left / choices)
+    if longest >= 0 then each = math.min(each, longest) end
+    reserved = each * choices
+  end
+end
+if reserved > 0 then
+  redis.call('INCRBY', KEYS[2], reserved)
+  redis.call('EXPIRE', KEYS[2], ARGV[2], 'NX')
+  redis.call('INCRBY', KEYS[3], reserved)
+  redis.call('EXPIRE', KEYS[3], ARGV[3], 'NX')
+else
+  redis.call('ZREM', KEYS[4], ARGV[4])
+end
+return {requests, redis.call('TTL', KEYS[1]), tokens, redis.call('TTL', KEYS[2]), daily,
+        in_flight, reserved}
+"""
+"""`reservation` and the windows it reads and writes, in one step no other client interleaves."""
+
+SETTLE = """
+-- KEYS: tokens, daily, slots. ARGV: reserved, tokens used, same window (1/0), the two
+-- windows' expiries, lease.
+local reserved, used = tonumber(ARGV[1]), tonumber(ARGV[2])
+local function replace(key, expiry, same_window)
+  if same_window and redis.call('EXISTS', key) == 1 then
+    if redis.call('INCRBY', key, used - reserved) < 0 then
+      redis.call('SET', key, 0, 'KEEPTTL')
+    end
+  elseif used > 0 then
+    redis.call('INCRBY', key, used)
+    redis.call('EXPIRE', key, expiry, 'NX')
+  end
+end
+replace(KEYS[1], ARGV[4], ARGV[3] == '1')
+replace(KEYS[2], ARGV[5], true)
+redis.call('ZREM', KEYS[3], ARGV[6])
+"""
+
+
 class RedisCounters:
     """The counters of every replica, in Redis under `key_prefix`.
 
     Windows are the same operations on the same keys as `limits`' Redis storage (INCRBY, then
-    EXPIRE NX: the window starts with its first hit), batched: one MULTI/EXEC per step.
+    EXPIRE NX: the window starts with its first hit); a step is one round trip (a script for
+    admitting and settling, MULTI/EXEC for the rest).
     """
 
     def __init__(
@@ -198,42 +343,47 @@ class RedisCounters:
         self._prefix = f"{key_prefix}:"
         self.ttl_s = ttl_s
         self._clock = clock
+        # Sent by hash (EVALSHA), the script's text only when Redis does not have it yet.
+        self._reserve = self._redis.register_script(RESERVE)
+        self._settle = self._redis.register_script(SETTLE)
 
     def _key(self, key: str) -> str:
         return self._prefix + key
 
-    async def admit(self, keys: CounterKeys, lease: str) -> Snapshot:
-        requests = self._key(keys.requests_key())
-        tokens, daily = self._key(keys.tokens_key()), self._key(keys.daily_key())
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.incrby(requests, 1).expire(requests, keys.requests.get_expiry(), nx=True)
-            pipe.ttl(requests).get(tokens).ttl(tokens).get(daily)
-            self._queue_take(pipe, keys.concurrency_key(), lease)
-            count, _, requests_ttl, used, tokens_ttl, used_today, *rest = await pipe.execute()
+    async def admit(self, keys: CounterKeys, lease: str, ask: Ask) -> Snapshot:
+        names = [self._key(key) for key in (keys.requests_key(), keys.tokens_key(),
+                                            keys.daily_key(), keys.concurrency_key())]
+        unset = -1
+        count, requests_ttl, used, tokens_ttl, used_today, in_flight, reserved = (
+            await self._reserve(keys=names, args=[
+                keys.requests.get_expiry(), keys.tokens.get_expiry(), keys.daily.get_expiry(),
+                lease, repr(self._clock()), repr(self.ttl_s),
+                keys.requests.amount, keys.tokens.amount, keys.daily.amount,
+                ask.concurrent_requests,
+                unset if ask.reply_tokens is None else ask.reply_tokens,
+                ask.choices, unset if ask.longest is None else ask.longest,
+            ])
+        )
         now = time.time()
         return Snapshot(
             requests=int(count),
             requests_reset=now + max(int(requests_ttl), 0),
-            tokens=int(used or 0),
+            tokens=int(used),
             tokens_reset=now + max(int(tokens_ttl), 0),
-            daily_tokens=int(used_today or 0),
-            in_flight=int(rest[2]),
+            daily_tokens=int(used_today),
+            in_flight=int(in_flight),
+            reserved=int(reserved),
         )
 
-    def _queue_take(self, pipe: Redis, key: str, lease: str) -> None:
-        """The commands of taking a slot; the count is the third of their results."""
-        name, now = self._key(key), self._clock()
-        pipe.zremrangebyscore(name, "-inf", now).zadd(name, {lease: now + self.ttl_s})
-        pipe.zcard(name).expire(name, math.ceil(self.ttl_s) + 1)
-
-    async def charge(self, keys: CounterKeys, lease: str, tokens: int) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            if tokens > 0:
-                for item, name in ((keys.tokens, self._key(keys.tokens_key())),
-                                   (keys.daily, self._key(keys.daily_key()))):
-                    pipe.incrby(name, tokens).expire(name, item.get_expiry(), nx=True)
-            pipe.zrem(self._key(keys.concurrency_key()), lease)
-            await pipe.execute()
+    async def settle(
+        self, keys: CounterKeys, lease: str, reserved: int, tokens: int, same_window: bool
+    ) -> None:
+        names = [self._key(key) for key in (keys.tokens_key(), keys.daily_key(),
+                                            keys.concurrency_key())]
+        await self._settle(keys=names, args=[
+            reserved, tokens, int(same_window), keys.tokens.get_expiry(),
+            keys.daily.get_expiry(), lease,
+        ])
 
     async def count_request(self, keys: CounterKeys) -> None:
         name = self._key(keys.requests_key())

@@ -136,7 +136,8 @@ def test_streams_carry_the_headers_before_the_first_byte_and_are_metered(stack, 
         assert response.status_code == 200
         assert limit_headers(response.headers) == {
             "limit-requests": "10", "remaining-requests": "9", "reset-requests": "1m0s",
-            "limit-tokens": "20000", "remaining-tokens": "20000", "reset-tokens": "0s",
+            # The reply's 8 tokens are held for it from admission; the window starts there.
+            "limit-tokens": "20000", "remaining-tokens": "19992", "reset-tokens": "1m0s",
         }
         events = [line for line in response.iter_lines() if line.startswith("data: {")]
     reported = json.loads(events[-1].removeprefix("data: "))["usage"]
@@ -158,7 +159,7 @@ def test_streams_carry_the_headers_before_the_first_byte_and_are_metered(stack, 
     follow = httpx.post(f"{stack.base_url}/chat/completions", timeout=60,
                         headers={"Authorization": f"Bearer {key}"},
                         json={"model": "ServiceAi-Coder", "messages": HI, "max_tokens": 1})
-    used = 20000 - int(follow.headers["x-ratelimit-remaining-tokens"])
+    used = 20000 - int(follow.headers["x-ratelimit-remaining-tokens"]) - 1  # its own, held
     assert used == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
@@ -278,6 +279,58 @@ def test_two_replicas_share_a_10_a_minute_limit_through_redis(stack, redis_prefi
         assert redis.Redis.from_url(REDIS_URL).exists(
             f"{redis_prefix}:LIMITER/{user_id}/ServiceAi-Fast/requests/10/1/minute"
         )
+
+
+# (n, max_tokens) of 16 requests sent at once: every one alone fits a fresh 20,000-token minute.
+PARALLEL = [(8, None), (1, None), (2, 600), (4, None), (1, 1500), (2, None), (8, 200),
+            (1, 800)] * 2
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_requests_sent_at_once_never_generate_more_than_the_plan(stack, redis_prefix, store):
+    """Sixteen requests at once on a plan of 20,000 tokens a minute (mixed `n`, with and
+    without max_tokens, streamed and whole, each generating all it may): before reservations
+    each saw the whole minute left and together they took several times the plan. In memory
+    with one ingress replica, and in Redis with two."""
+    plan = {"requests_per_minute": 100, "tokens_per_minute": 20000, "concurrent_requests": 16,
+            "tokens_per_day": 1000000}
+    plans = dict(app_args()["plans"], twenty={t: plan for t in app_args()["plans"]["free"]})
+    _, key = new_user(stack, plan="twenty")
+    env, replicas = {}, 1
+    if store == "redis":
+        env = {"SERVICEAI_REDIS_URL": REDIS_URL, "SERVICEAI_REDIS_KEY_PREFIX": redis_prefix}
+        replicas = 2
+    with ingress_app(stack, f"reserve-{store}", replicas=replicas, env=env,
+                     plans=plans) as base_url:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300)
+
+        async def one(i: int, n: int, max_tokens: int | None) -> tuple[int, int]:
+            """(status, completion tokens) of one request."""
+            body: dict[str, Any] = dict(model="ServiceAi-Fast", messages=HI, n=n,
+                                        extra_body={"ignore_eos": True})
+            if max_tokens is not None:
+                body["max_tokens"] = max_tokens
+            try:
+                if i % 2:
+                    stream = await client.chat.completions.create(
+                        **body, stream=True, stream_options={"include_usage": True})
+                    usage = [c.usage async for c in stream if c.usage][-1]
+                else:
+                    usage = (await client.chat.completions.create(**body)).usage
+            except openai.RateLimitError as error:
+                assert error.body["type"] == "tokens", error.body
+                return 429, 0
+            return 200, usage.completion_tokens
+
+        async def burst() -> list[tuple[int, int]]:
+            return await asyncio.gather(*(one(i, n, m) for i, (n, m) in enumerate(PARALLEL)))
+
+        outcomes = asyncio.run(burst())
+    served = [tokens for status, tokens in outcomes if status == 200]
+    assert len(served) >= 2 and 429 in [status for status, _ in outcomes]
+    assert sum(served) <= 20000, outcomes
+    usage = usage_of(stack.base_url, key, len(served))  # written by the app's replicas
+    assert usage["completion_tokens"] == sum(served) <= 20000
 
 
 @pytest.mark.parametrize("fail_open", [None, "false"], ids=["default-open", "closed"])

@@ -52,8 +52,8 @@ async def test_every_admission_carries_the_six_openai_headers(limits):
         "x-ratelimit-remaining-requests": "9",
         "x-ratelimit-reset-requests": "1m0s",
         "x-ratelimit-limit-tokens": "20000",
-        "x-ratelimit-remaining-tokens": "20000",
-        "x-ratelimit-reset-tokens": "0s",
+        "x-ratelimit-remaining-tokens": "19900",  # the reply's 100 are held for it
+        "x-ratelimit-reset-tokens": "1m0s",  # the window starts with that reservation
     }
 
 
@@ -80,21 +80,25 @@ async def test_tokens_are_charged_after_the_reply_and_refuse_once_spent(limits):
     who = caller()
     (await limits.admit(who, PRO, None)).settle(15_000, 4_000)
     await limits.close()
-    admission = await limits.admit(who, PRO, None)
-    assert admission.headers["x-ratelimit-remaining-tokens"] == "1000"
-    assert admission.headers["x-ratelimit-reset-tokens"] != "0s"
-
     with pytest.raises(ApiError) as exc:  # max_tokens alone exceeds what is left
         await limits.admit(who, PRO, 1001)
     error = refused(exc, "tokens", "rate_limit_exceeded")
     assert "1001" in error.message and "1000 of 20000" in error.message
+
+    admission = await limits.admit(who, PRO, None)
+    assert (admission.reserved, admission.reply_length(4096)) == (1000, 1000)
+    assert admission.headers["x-ratelimit-remaining-tokens"] == "0"  # held for this reply
+    assert admission.headers["x-ratelimit-reset-tokens"] != "0s"
+    with pytest.raises(ApiError) as exc:  # nothing is left beside it while it runs
+        await limits.admit(who, PRO, 1)
+    refused(exc, "tokens", "rate_limit_exceeded")
 
     admission.settle(900, 200)  # past the limit: still counted in full
     await limits.close()
     with pytest.raises(ApiError) as exc:
         await limits.admit(who, PRO, None)
     error = refused(exc, "tokens", "rate_limit_exceeded")
-    assert "used 20100" in error.message
+    assert "used or held by running requests 20100" in error.message
     assert error.headers["x-ratelimit-remaining-tokens"] == "0"
 
 
@@ -122,15 +126,15 @@ async def test_a_spent_daily_quota_says_do_not_retry(limits):
 
 async def test_concurrent_requests_beyond_the_plan_wait_for_a_slot(limits):
     who = caller()
-    first = await limits.admit(who, PRO, None)
-    await limits.admit(who, PRO, None)
+    first = await limits.admit(who, PRO, 10)
+    await limits.admit(who, PRO, 10)
     with pytest.raises(ApiError) as exc:
-        await limits.admit(who, PRO, None)
+        await limits.admit(who, PRO, 10)
     error = refused(exc, "requests", "rate_limit_exceeded")
     assert "concurrent requests" in error.message and error.headers["Retry-After"] == "1"
     first.settle(10, 10)
     await limits.close()
-    await limits.admit(who, PRO, None)
+    await limits.admit(who, PRO, 10)
 
 
 async def test_an_unknown_plan_is_refused_naming_the_plans(limits):
@@ -156,7 +160,7 @@ async def test_two_replicas_on_one_redis_share_the_limit_exactly():
 
     async def one(i: int) -> str:
         try:
-            (await replicas[i % 2].admit(who, PRO, None)).settle(1, 1)
+            (await replicas[i % 2].admit(who, PRO, 1)).settle(1, 1)
             return "served"
         except ApiError as error:
             return error.type

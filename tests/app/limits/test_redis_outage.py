@@ -26,20 +26,20 @@ async def test_redis_outage_then_recovery_without_restart(fail_open):
     limits = RateLimits(PLANS, storage, fail_open=fail_open)
     user = caller()
     try:
-        assert await limits.admit(user, PRO, None) is not UNLIMITED
+        assert await limits.admit(user, PRO, 10) is not UNLIMITED
 
         await proxy.cut()
         for _ in range(3):
             if fail_open:
-                assert await limits.admit(user, PRO, None) is UNLIMITED
+                assert await limits.admit(user, PRO, 10) is UNLIMITED
             else:
                 with pytest.raises(ApiError) as refused:
-                    await limits.admit(user, PRO, None)
+                    await limits.admit(user, PRO, 10)
                 assert (refused.value.status, refused.value.code) == (503, "rate_limiter_unavailable")
                 assert int(refused.value.headers["Retry-After"]) > 0
 
         await proxy.restore()
-        assert await limits.admit(user, PRO, None) is not UNLIMITED
+        assert await limits.admit(user, PRO, 10) is not UNLIMITED
     finally:
         await limits.close()
         await storage.clear()
