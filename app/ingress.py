@@ -21,6 +21,7 @@ from app.limits.admission import RateLimits
 from app.observability.metrics import InFlight
 from app.periodic import PeriodicFlush
 from app.config.settings import get_settings
+from app.limits.usage_journal import UsageJournal, default_folder
 from app.limits.usage_meter import UsageMeter
 from app.limits.counters import open_counters
 from deployments import ray_internals
@@ -67,8 +68,14 @@ class Ingress:
                 redis_url, key_prefix=settings.redis_key_prefix, timeout_s=settings.redis_timeout_s
             ),
             fail_open=settings.rate_limit_fail_open,
+            monthly_usage=store.monthly_tokens,
         )
-        self._usage = UsageMeter(store, flush_every_s=settings.usage_flush_s)
+        journal_folder = settings.usage_journal_dir or default_folder(
+            settings.database_url.get_secret_value()
+        )
+        self._usage = UsageMeter(
+            store, flush_every_s=settings.usage_flush_s, journal=UsageJournal(journal_folder)
+        )
         self._usage.start()
         self._responses = ResponseStore(
             store.database,

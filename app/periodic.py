@@ -16,12 +16,15 @@ class PeriodicFlush:
         self._what = what
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+    def start(self, *, now: bool = False) -> None:
+        """Flush every `every_s` (the first one at once with `now`)."""
+        self._task = asyncio.get_running_loop().create_task(self._run(now))
 
-    async def _run(self) -> None:
+    async def _run(self, now: bool = False) -> None:
         while True:
-            await asyncio.sleep(self._every_s)
+            if not now:
+                await asyncio.sleep(self._every_s)
+            now = False
             try:
                 await self._flush()
             except Exception as exc:  # a bug here must not stop the next rounds

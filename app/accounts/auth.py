@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.openai.errors import ApiError
 from app.accounts.keystore import KeyOwner, KeyStore, keygen
 from app.accounts.keystore.errors import KeyStoreError
-from app.accounts.keystore.schemas import ApiKey
+from app.accounts.keystore.schemas import ApiKey, KeyLimits, KeyScopes
 from app.periodic import PeriodicFlush
 from app.observability.metrics import authentication_failed
 from app.observability.request_record import record_of
@@ -41,6 +41,7 @@ MALFORMED = f"The API key is malformed: a ServiceAi key is {keygen.KEY_SHAPE}."
 UNKNOWN = "The API key is not recognised."
 REVOKED = "The API key has been revoked."
 USER_DISABLED = "The account that owns this API key is disabled."
+EXPIRED = "The API key expired at {at}."
 # The `reason` label of serviceai_authentication_failures: a fixed set, never the key.
 _REASON_LABELS = {
     MISSING: "missing",
@@ -51,16 +52,47 @@ _REASON_LABELS = {
     REVOKED: "revoked",
     USER_DISABLED: "user_disabled",
     REPEATED: "repeated",
+    EXPIRED: "expired",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who is calling: the key's id (never the key itself), its owner and plan."""
+    """Who is calling: the key's id (never the key itself), its owner and plan, and what the
+    key's scopes allow."""
 
     key_id: str
     user_id: str
     plan: str
+    models: frozenset[str] | None = None
+    """The model types the key may call; None: every type of the plan."""
+    expires_at: datetime | None = None
+    revokes_at: datetime | None = None
+    """A key rotated away: valid until then."""
+    key_limits: KeyLimits | None = None
+    key_monthly_tokens: int | None = None
+    user_monthly_tokens: int | None = None
+
+    def ended(self, moment: datetime) -> str | None:
+        """Why the key no longer works at `moment` (checked on every request, whatever the
+        cache holds), or None."""
+        if self.revokes_at is not None and self.revokes_at <= moment:
+            return REVOKED
+        if self.expires_at is not None and self.expires_at <= moment:
+            return EXPIRED
+        return None
+
+    def may_call(self, model_type: str) -> bool:
+        return self.models is None or model_type in self.models
+
+    def scopes(self) -> KeyScopes:
+        """The scopes of the key in use: the most a key it makes may have."""
+        return KeyScopes(
+            models=None if self.models is None else sorted(self.models),
+            expires_at=self.expires_at,
+            limits=self.key_limits,
+            monthly_tokens=self.key_monthly_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +117,19 @@ def verdict_of(owner: KeyOwner | None, key_hash: str) -> Verdict:
         return Refusal(REVOKED, owner.key_id, owner.user_id)
     if owner.user_disabled:
         return Refusal(USER_DISABLED, owner.key_id, owner.user_id)
-    return Caller(key_id=owner.key_id, user_id=owner.user_id, plan=owner.plan)
+    scopes = owner.scopes
+    limits = scopes.limits
+    return Caller(
+        key_id=owner.key_id,
+        user_id=owner.user_id,
+        plan=owner.plan,
+        models=None if scopes.models is None else frozenset(scopes.models),
+        expires_at=scopes.expires_at,
+        revokes_at=owner.revokes_at,
+        key_limits=None if limits is None or limits.is_empty() else limits,
+        key_monthly_tokens=scopes.monthly_tokens,
+        user_monthly_tokens=owner.user_monthly_tokens,
+    )
 
 
 class VerdictCache:
@@ -158,6 +202,10 @@ class KeyVerifier:
             verdict = await self._load(key_hash)
         if isinstance(verdict, Refusal):
             raise invalid_key(verdict.reason)
+        ended = verdict.ended(datetime.now(UTC))
+        if ended is not None:
+            expiry = verdict.expires_at
+            raise invalid_key(ended, at=None if expiry is None else expiry.isoformat())
         self._used[verdict.key_id] = time.time()
         return verdict
 
@@ -208,11 +256,12 @@ class KeyVerifier:
         await self._flusher.stop()
 
 
-def invalid_key(reason: str) -> ApiError:
+def invalid_key(reason: str, *, at: str | None = None) -> ApiError:
     authentication_failed(_REASON_LABELS[reason])
+    message = reason.format(at=(at or "").replace("+00:00", "Z"))
     return ApiError(
         401,
-        f"{reason} Send 'Authorization: Bearer <API_KEY>' with a valid key.",
+        f"{message} Send 'Authorization: Bearer <API_KEY>' with a valid key.",
         code="invalid_api_key",
         headers={"WWW-Authenticate": "Bearer"},
     )

@@ -9,9 +9,10 @@ found, already exists, limit), 2 bad usage or configuration, 3 key store unreach
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import NoReturn, TypeVar
 
 import typer
@@ -21,8 +22,11 @@ from app.accounts.keystore import KeyStore, open_store
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.schemas import (
     DEFAULT_PLAN,
+    DEFAULT_GRACE_S,
     ApiKey,
     ApiKeyCreate,
+    ApiKeyRotate,
+    ApiKeyUpdate,
     IssuedApiKey,
     UsageList,
     PasswordSet,
@@ -46,7 +50,8 @@ users = typer.Typer(
     no_args_is_help=True,
 )
 keys = typer.Typer(
-    help="API keys: create (shown once), list, revoke.", epilog=EXIT_CODES, no_args_is_help=True
+    help="API keys: create (shown once), list, scope, rotate, revoke.", epilog=EXIT_CODES,
+    no_args_is_help=True,
 )
 
 JsonOption = typer.Option(False, "--json", help="Print JSON (as the admin API returns it).")
@@ -180,10 +185,26 @@ def list_users(
 
 def _update(user: str, as_json: bool, **change: object) -> None:
     body = validated(UserUpdate, **change)
+    budget = {"monthly_tokens": body.monthly_tokens} if "monthly_tokens" in change else {}
     updated = with_store(
-        lambda store: store.update_user(user, plan=body.plan, disabled=body.disabled)
+        lambda store: store.update_user(user, plan=body.plan, disabled=body.disabled, **budget)
     )
     print_json(updated) if as_json else print_user(updated)
+
+
+@users.command("set-budget")
+def set_budget(
+    user: str = typer.Argument(..., help="User id or email."),
+    monthly_tokens: int = typer.Option(
+        None, "--monthly-tokens", help="Tokens all the user's keys may use in a UTC month."
+    ),
+    none: bool = typer.Option(False, "--none", help="Clear the budget."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Set (or clear) a user's monthly token budget, beside their plan's limits."""
+    if none == (monthly_tokens is not None):
+        fail("give either --monthly-tokens N or --none", EXIT_USAGE)
+    _update(user, as_json, monthly_tokens=monthly_tokens)
 
 
 @users.command("disable")
@@ -235,16 +256,158 @@ def set_password(
     typer.echo(f"User {updated.id} ({updated.email}) can now sign in to the console.")
 
 
+_DURATION = re.compile(r"(\d+)([smhd])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def seconds_of(text: str, option: str) -> int:
+    """'30d', '24h', '90m', '45s' in seconds; a usage error naming `option` otherwise."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        fail(f"{option}: '{text}' is not a duration such as 30d, 24h, 90m or 45s", EXIT_USAGE)
+    return int(match[1]) * _SECONDS[match[2]]
+
+
+ModelsOption = typer.Option(
+    None, "--models", help="Comma-separated model types the key may call (e.g. "
+    "ServiceAi-Fast,ServiceAi-Coder); default all."
+)
+ExpiresInOption = typer.Option(None, "--expires-in", help="Expire after 30d, 24h, 90m...")
+ExpiresAtOption = typer.Option(
+    None, "--expires-at", help="Expire at this time, ISO 8601 (2027-01-31T00:00:00Z)."
+)
+RpmOption = typer.Option(None, "--requests-per-minute", help="The key's own request rate.")
+TpmOption = typer.Option(None, "--tokens-per-minute", help="The key's own token rate.")
+ConcurrentOption = typer.Option(
+    None, "--concurrent-requests", help="The key's own requests at once."
+)
+TpdOption = typer.Option(None, "--tokens-per-day", help="The key's own daily tokens (UTC).")
+MonthlyOption = typer.Option(
+    None, "--monthly-tokens", help="The key's token budget per UTC calendar month."
+)
+
+
+def scope_fields(
+    models: str | None, expires_in: str | None, expires_at: str | None,
+    limits: dict[str, int | None], monthly_tokens: int | None,
+) -> dict[str, object]:
+    """The scope fields the options give (only those given)."""
+    fields: dict[str, object] = {}
+    if models is not None:
+        fields["models"] = [m.strip() for m in models.split(",") if m.strip()]
+    if expires_in is not None and expires_at is not None:
+        fail("give --expires-in or --expires-at, not both", EXIT_USAGE)
+    if expires_in is not None:
+        fields["expires_at"] = datetime.now(UTC) + timedelta(
+            seconds=seconds_of(expires_in, "--expires-in")
+        )
+    if expires_at is not None:
+        fields["expires_at"] = expires_at
+    given = {name: value for name, value in limits.items() if value is not None}
+    if given:
+        fields["limits"] = given
+    if monthly_tokens is not None:
+        fields["monthly_tokens"] = monthly_tokens
+    return fields
+
+
+def print_scopes(key: ApiKey) -> None:
+    limits = {k: v for k, v in key.limits.model_dump().items() if v is not None}
+    typer.echo(
+        f"  models: {', '.join(key.models) if key.models else 'all'}; expires: "
+        f"{key.expires_at.isoformat().replace('+00:00', 'Z') if key.expires_at else 'never'}; "
+        f"limits: {', '.join(f'{k} {v}' for k, v in limits.items()) or 'the plan only'}; "
+        f"monthly tokens: {key.monthly_tokens if key.monthly_tokens is not None else 'no budget'}"
+    )
+
+
 @keys.command("create")
 def create_key(
     user: str = typer.Option(..., help="The owner: user id or email."),
     name: str = typer.Option(None, help="A name to tell the key apart."),
+    models: str = ModelsOption,
+    expires_in: str = ExpiresInOption,
+    expires_at: str = ExpiresAtOption,
+    requests_per_minute: int = RpmOption,
+    tokens_per_minute: int = TpmOption,
+    concurrent_requests: int = ConcurrentOption,
+    tokens_per_day: int = TpdOption,
+    monthly_tokens: int = MonthlyOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Create a key and print it once (the store keeps only its hash)."""
-    key_name = validated(ApiKeyCreate, name=name).name
-    key = with_store(lambda store: store.create_key(user, key_name))
-    print_json(key) if as_json else print_issued(key)
+    """Create a key, scoped if asked, and print it once (the store keeps only its hash)."""
+    limits = dict(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
+                  concurrent_requests=concurrent_requests, tokens_per_day=tokens_per_day)
+    body = validated(ApiKeyCreate, name=name, **scope_fields(
+        models, expires_in, expires_at, limits, monthly_tokens))
+    key = with_store(lambda store: store.create_key(user, body.name, body))
+    if as_json:
+        print_json(key)
+        return
+    print_issued(key)
+    print_scopes(key)
+
+
+@keys.command("update")
+def update_key(
+    key_id: str = typer.Argument(..., help="The key's id (key_...)."),
+    models: str = ModelsOption,
+    all_models: bool = typer.Option(False, "--all-models", help="Let it call every type."),
+    expires_in: str = ExpiresInOption,
+    expires_at: str = ExpiresAtOption,
+    no_expiry: bool = typer.Option(False, "--no-expiry", help="Let it never expire."),
+    requests_per_minute: int = RpmOption,
+    tokens_per_minute: int = TpmOption,
+    concurrent_requests: int = ConcurrentOption,
+    tokens_per_day: int = TpdOption,
+    monthly_tokens: int = MonthlyOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Change a key's scopes: what is given replaces what it had; the rest stays. Replicas see
+    it within the key cache TTL."""
+    limits = dict(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
+                  concurrent_requests=concurrent_requests, tokens_per_day=tokens_per_day)
+    fields = scope_fields(models, expires_in, expires_at, {}, monthly_tokens)
+    if all_models:
+        fields["models"] = None
+    if no_expiry:
+        fields["expires_at"] = None
+    given = {name: value for name, value in limits.items() if value is not None}
+
+    async def update(store: KeyStore) -> ApiKey:
+        if given:  # one limit given changes that limit only
+            current = (await store.get_key(key_id)).limits.model_dump()
+            fields["limits"] = {**current, **given}
+        body = validated(ApiKeyUpdate, **fields)
+        return await store.update_key(key_id, body.model_dump(include=body.model_fields_set))
+
+    key = with_store(update)
+    if as_json:
+        print_json(key)
+        return
+    typer.echo(f"Key {key.id} ({key.display}) updated:")
+    print_scopes(key)
+
+
+@keys.command("rotate")
+def rotate_key(
+    key_id: str = typer.Argument(..., help="The key's id (key_...)."),
+    grace: str = typer.Option(
+        f"{DEFAULT_GRACE_S // 3600}h", help="How long the old key keeps working (24h, 90m, 0s)."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """A new key with the same name and scopes, printed once; the old one works for the grace
+    period, then is revoked."""
+    body = validated(ApiKeyRotate, grace_seconds=seconds_of(grace, "--grace"))
+    key = with_store(
+        lambda store: store.rotate_key(key_id, timedelta(seconds=body.grace_seconds))
+    )
+    if as_json:
+        print_json(key)
+        return
+    print_issued(key)
+    typer.echo(f"The old key {key_id} works for {grace} more, then is revoked.")
 
 
 @keys.command("list")
@@ -317,3 +480,9 @@ def usage(
         f"{report.start_date} to {report.end_date}: {totals[0]} requests, {totals[1]} prompt + "
         f"{totals[2]} completion = {totals[3]} tokens."
     )
+    if report.budget is not None:
+        budget = report.budget
+        typer.echo(
+            f"Monthly budget ({budget.month}, UTC): {budget.used} of {budget.monthly_tokens} "
+            f"tokens used, {budget.left} left."
+        )

@@ -89,6 +89,12 @@ class Settings(BaseSettings):
     usage_flush_s: float = Field(
         15.0, gt=0, description="How often a replica writes its usage counts, batched."
     )
+    usage_journal_dir: Path | None = Field(
+        None,
+        description="Where each replica appends the usage it served before the batched write, "
+        "so that a killed replica's is replayed by the next (default: a folder per key store "
+        "under the system's temporary folder).",
+    )
     max_body_bytes: int = Field(
         DEFAULT_MAX_BODY_BYTES,
         ge=1024,
@@ -161,9 +167,10 @@ class Settings(BaseSettings):
     trusted_proxies: list[str] = Field(
         default_factory=list,
         description="Addresses or networks (a JSON list, e.g. [\"10.0.0.0/16\"]) of the proxies "
-        "in front of the ingress (the load balancer, the nodes' HAProxy). Only a request from one "
-        "of them has its X-Forwarded-For read for the console's per-address sign-in limit; "
-        "empty: the header is ignored and the peer's address counts.",
+        "in front of the ingress (the load balancer; the node's HAProxy, which connects from "
+        "loopback and appends the address it saw). Only a request from one of them has its "
+        "X-Forwarded-For read for the console's per-address sign-in limit; empty: the header is "
+        "ignored and the peer's address counts.",
     )
     sign_up: Literal["open", "approval", "off"] = Field(
         "open",
@@ -174,6 +181,12 @@ class Settings(BaseSettings):
     sign_in_limit_per_address: str = Field(
         "30/minute;300/hour",
         description="Console sign-in and sign-up attempts per client address and replica.",
+    )
+    sign_in_limit_shared: str = Field(
+        "300/minute",
+        description="Console attempts per replica, all together, of clients whose address "
+        "cannot be known (a trusted proxy that names none): sized to the password hashing a "
+        "replica can afford (argon2id, about 130 ms of a core each on a 2-core machine).",
     )
 
     @field_validator("database_url")
@@ -220,7 +233,9 @@ class Settings(BaseSettings):
                 raise ValueError(f"{proxy!r} is not an IP address or network") from None
         return value
 
-    @field_validator("sign_in_limit_per_email", "sign_in_limit_per_address")
+    @field_validator(
+        "sign_in_limit_per_email", "sign_in_limit_per_address", "sign_in_limit_shared"
+    )
     @classmethod
     def _rate_limits(cls, value: str) -> str:
         try:

@@ -49,7 +49,8 @@ def mount_console(api: FastAPI, settings: Settings) -> None:
     console.state.sign_up = settings.sign_up
     console.state.client_address = ClientAddress(settings.trusted_proxies)
     console.state.sign_in_limit = SignInLimit(
-        settings.sign_in_limit_per_email, settings.sign_in_limit_per_address
+        settings.sign_in_limit_per_email, settings.sign_in_limit_per_address,
+        settings.sign_in_limit_shared,
     )
     console.add_middleware(
         SessionMiddleware,

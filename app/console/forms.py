@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+from datetime import UTC, date, datetime, time
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from app.accounts.keystore import passwords
-from app.accounts.keystore.schemas import Email, KeyName, Password
+from app.accounts.keystore.schemas import Email, KeyName, KeyScopes, ModelTypeName, Password
+
 _LABELS = {"email": "Email", "password": "Password", "password_again": "Repeat password",
-           "name": "Key name"}
+           "name": "Key name", "expires_on": "Expires on",
+           "requests_per_minute": "Requests per minute", "tokens_per_minute": "Tokens per minute",
+           "concurrent_requests": "Requests at once", "tokens_per_day": "Tokens per day",
+           "monthly_tokens": "Tokens per month", "models": "Model types"}
 
 
 class SignUpForm(BaseModel):
@@ -34,9 +48,42 @@ class SignInForm(BaseModel):
 
 
 class KeyForm(BaseModel):
+    """A new key: its name, and the scopes the API takes (an empty field: none)."""
+
     model_config = ConfigDict(extra="ignore")
 
     name: KeyName
+    models: list[ModelTypeName] | None = None
+    expires_on: date | None = None
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    concurrent_requests: PositiveInt | None = None
+    tokens_per_day: PositiveInt | None = None
+    monthly_tokens: PositiveInt | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" or value == [] else value
+
+    @field_validator("expires_on")
+    @classmethod
+    def _in_the_future(cls, value: date | None) -> date | None:
+        if value is not None and value <= datetime.now(UTC).date():
+            raise ValueError("must be a day after today")
+        return value
+
+    def scopes(self) -> KeyScopes:
+        limits = {name: getattr(self, name) for name in
+                  ("requests_per_minute", "tokens_per_minute", "concurrent_requests",
+                   "tokens_per_day") if getattr(self, name) is not None}
+        return KeyScopes(
+            models=self.models,
+            expires_at=None if self.expires_on is None
+            else datetime.combine(self.expires_on, time(), UTC),
+            limits=limits or None,
+            monthly_tokens=self.monthly_tokens,
+        )
 
 
 def problem(exc: ValidationError) -> str:

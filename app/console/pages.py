@@ -16,6 +16,7 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
 from app.accounts.auth import KeyVerifier
+from app.accounts.scopes import check_models
 from app.console import session
 from app.console.forms import KeyForm, SignInForm, SignUpForm, problem
 from app.console.session import signed_in_user
@@ -170,13 +171,18 @@ async def keys_page(request: Request, user: User = Depends(signed_in_user)) -> R
 @router.post("/keys")
 async def create_key(request: Request, user: User = Depends(signed_in_user)) -> Response:
     form = await session.checked_form(request)
+    fields = {**dict(form), "models": form.getlist("models")}
     try:
-        name = KeyForm.model_validate(dict(form)).name
-        issued = await _store(request).create_key(user.id, name)
+        key = KeyForm.model_validate(fields)
+        scopes = key.scopes()
+        check_models(scopes, request.app.state.models.names)
+        issued = await _store(request).create_key(user.id, key.name, scopes)
     except ValidationError as exc:
-        return await _keys(request, user, 400, error=problem(exc), name=form.get("name"))
+        return await _keys(request, user, 400, error=problem(exc), form=fields)
+    except ApiError as exc:  # a model type that is not offered
+        return await _keys(request, user, 400, error=exc.message, form=fields)
     except KeyLimitReached as exc:
-        return await _keys(request, user, 409, error=exc.message)
+        return await _keys(request, user, 409, error=exc.message, form=fields)
     return await _keys(request, user, 201, new_key=issued)
 
 
@@ -185,9 +191,11 @@ async def _keys(
     **context: object,
 ) -> Response:
     page = await _store(request).list_keys(user.id, limit=MAX_PAGE)
+    context.setdefault("form", {})
     return render(
         request, "keys.html", status, user=user, keys=page.data, more=page.has_more,
-        new_key=new_key, notice=request.session.pop("notice", None), **context,
+        new_key=new_key, notice=request.session.pop("notice", None),
+        scope_types=request.app.state.models.names, **context,
     )
 
 
@@ -234,6 +242,7 @@ async def plan_page(request: Request, user: User = Depends(signed_in_user)) -> R
     except ApiError as exc:
         plan, problem = None, exc.message
     used = await _store(request).usage_today(user.id)
+    budget = await _store(request).budget(user=user.id)
     rows = [
         ModelTypeUsage(
             model.name, model.description, plan.on(model.name) if plan else None,
@@ -241,4 +250,4 @@ async def plan_page(request: Request, user: User = Depends(signed_in_user)) -> R
         )
         for model in _model_types(request)
     ]
-    return render(request, "plan.html", user=user, rows=rows, error=problem)
+    return render(request, "plan.html", user=user, rows=rows, budget=budget, error=problem)

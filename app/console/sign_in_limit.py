@@ -13,16 +13,20 @@ from limits import RateLimitItem, parse_many
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
+from app.console.client_address import SHARED
 
 Counted = tuple[RateLimitItem, str, str]
 """A limit, what it counts ('address' or 'email') and whose."""
 
 
 class SignInLimit:
-    def __init__(self, per_email: str, per_address: str) -> None:
+    def __init__(self, per_email: str, per_address: str, shared: str = "300/minute") -> None:
+        """`shared`: the ceiling of the attempts whose address cannot be known (SHARED), all
+        together: sized to the hashing a replica can afford, not to one browser."""
         self._limiter = MovingWindowRateLimiter(MemoryStorage())
         self._per_email = parse_many(per_email)
         self._per_address = parse_many(per_address)
+        self._shared = parse_many(shared)
 
     def attempt(self, *, email: str | None, address: str) -> int | None:
         """Count one attempt; None when allowed, else the seconds until one is allowed again.
@@ -30,7 +34,8 @@ class SignInLimit:
         The address is counted first: an attempt its address may not make is not counted
         against the email, so one address guessing at many accounts cannot lock their owners
         out."""
-        refused = self._hit([(limit, "address", address) for limit in self._per_address])
+        per_address = self._shared if address == SHARED else self._per_address
+        refused = self._hit([(limit, "address", address) for limit in per_address])
         if not refused and email is not None:
             who = email.strip().lower()
             refused = self._hit([(limit, "email", who) for limit in self._per_email])

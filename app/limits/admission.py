@@ -17,15 +17,17 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Any
 
 from limits import RateLimitItemPerDay, RateLimitItemPerMinute
 
 from app.accounts.auth import Caller
-from app.limits.counters import Ask, CounterKeys, Counters
+from app.accounts.keystore.schemas import KeyLimits
+from app.limits.counters import Ask, Budget, CounterKeys, Counters
 from app.limits.plans import ModelTypeLimits, Plan, Plans
 from app.limits.slots import LeaseKeeper
 from app.observability.metrics import rate_limited
@@ -33,6 +35,11 @@ from app.openai.errors import ApiError
 
 logger = logging.getLogger("ray.serve.serviceai")
 
+MonthlyUsage = Callable[[str, str], Awaitable[int]]
+"""(kind, id) -> the tokens a user's ("user") or a key's ("key") keys used this UTC month."""
+UNBOUNDED = 2**62
+"""The limit of a key's window that only its other limits bound."""
+MONTH_EXPIRY_S = 32 * 86400
 RATE_LIMITED = "rate_limit_exceeded"
 QUOTA_SPENT = "insufficient_quota"
 STORAGE_RETRY_AFTER_S = 2
@@ -67,30 +74,39 @@ class Window:
         return max(0.0, self.resets_at - now)
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """What one set of windows holds for a request: its slot and its reservation."""
+
+    keys: CounterKeys
+    lease: str
+    reserved: int
+    window_ends: float
+    """When the minute's window the reservation went to ends."""
+
+
 class Admission:
-    """A request let through: the headers it carries, the longest reply its plan has room
-    for, and the charge and release after it."""
+    """A request let through: the headers it carries, the longest reply its plan (and its
+    key's scopes) have room for, and the settlement after it."""
 
     def __init__(
         self,
         limits: RateLimits | None,
-        keys: CounterKeys | None,
+        holds: list[Hold],
         headers: dict[str, str],
         *,
-        lease: str = "",
         reply_cap: int | None = None,
-        reserved: int = 0,
-        window_ends: float = 0.0,
     ) -> None:
         self._limits = limits
-        self._keys = keys
+        self._holds = holds
         self.headers = headers
-        self._lease = lease
         self.reply_cap = reply_cap
-        self.reserved = reserved
-        """Completion tokens held for the reply in the minute's and the day's windows."""
-        self._window_ends = window_ends
         self._settled = False
+
+    @property
+    def reserved(self) -> int:
+        """Completion tokens held for the reply (in every window that limits it)."""
+        return min((hold.reserved for hold in self._holds), default=0)
 
     def reply_length(self, context: int) -> int | None:
         """The longest reply each choice may have when the request sets no limit of its own:
@@ -102,30 +118,35 @@ class Admission:
     def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
         """Replace the reservation by the tokens the engine reported and free the concurrency
         slot (once)."""
-        if self._settled or self._limits is None or self._keys is None:
+        if self._settled or self._limits is None:
             return
         self._settled = True
-        limits = self._limits
-        limits.leases.drop(self._lease)
-        tokens = prompt_tokens + completion_tokens
-        same_window = time.time() < self._window_ends
-        limits.in_background(limits.counters.settle(
-            self._keys, self._lease, self.reserved, tokens, same_window
-        ))
+        self._limits.release(self._holds, prompt_tokens + completion_tokens)
 
 
-UNLIMITED = Admission(None, None, {})
+UNLIMITED = Admission(None, [], {})
 """What a request gets when the limiter's storage is down and the service fails open."""
 
 
 class RateLimits:
     """The plans and their counters; kept in `app.state.limits`."""
 
-    def __init__(self, plans: Plans, counters: Counters, *, fail_open: bool = True) -> None:
+    def __init__(
+        self,
+        plans: Plans,
+        counters: Counters,
+        *,
+        fail_open: bool = True,
+        monthly_usage: MonthlyUsage | None = None,
+    ) -> None:
+        """`monthly_usage`: what the key store says a user's or a key's keys used this month,
+        to start a budget's window from (a new replica in memory, a Redis that lost it)."""
         self.plans = plans
         self.counters = counters
         self.leases = LeaseKeeper(counters)
         self.fail_open = fail_open
+        self._monthly_usage = monthly_usage
+        self._seeded: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
         self._last_failure_log = -math.inf
 
@@ -144,12 +165,31 @@ class RateLimits:
         return found
 
     def _keys(self, caller: Caller, model_type: str, limits: ModelTypeLimits) -> CounterKeys:
+        """The user's windows on `model_type`, with the user's monthly budget."""
+        budget = caller.user_monthly_tokens
         return CounterKeys(
             requests=RateLimitItemPerMinute(limits.requests_per_minute),
             tokens=RateLimitItemPerMinute(limits.tokens_per_minute),
             daily=RateLimitItemPerDay(limits.tokens_per_day),
             ids=(caller.user_id, model_type),
             day=datetime.now(UTC).date().isoformat(),
+            budgets=() if budget is None else (_monthly("user", caller.user_id, budget),),
+        )
+
+    def _key_keys(self, caller: Caller) -> CounterKeys | None:
+        """The key's own windows, on every model type together; None for a key with no
+        limits or budget of its own."""
+        limits, budget = caller.key_limits, caller.key_monthly_tokens
+        if limits is None and budget is None:
+            return None
+        limits = limits or KeyLimits()
+        return CounterKeys(
+            requests=RateLimitItemPerMinute(limits.requests_per_minute or UNBOUNDED),
+            tokens=RateLimitItemPerMinute(limits.tokens_per_minute or UNBOUNDED),
+            daily=RateLimitItemPerDay(limits.tokens_per_day or UNBOUNDED),
+            ids=("key", caller.key_id),
+            day=datetime.now(UTC).date().isoformat(),
+            budgets=() if budget is None else (_monthly("key", caller.key_id, budget),),
         )
 
     def check_fits(
@@ -158,23 +198,28 @@ class RateLimits:
         """Refuse a reply that can never fit the plan, before any counter is touched.
 
         `max_tokens` (the request's `param`, times its choices) above the plan's whole
-        per-minute or per-day token limit is a 429 that no wait cures: `x-should-retry:
-        false`, no Retry-After.
+        per-minute or per-day token limit (or the key's, or a monthly budget) is a 429 that no
+        wait cures: `x-should-retry: false`, no Retry-After.
         """
         if max_tokens is None:
             return
         limits = self.plan_limits(caller.plan).on(model_type)
-        for name, limit in (
-            ("tokens_per_minute", limits.tokens_per_minute),
-            ("tokens_per_day", limits.tokens_per_day),
+        key = caller.key_limits or KeyLimits()
+        for label, whose, name, limit in (
+            ("", "your plan's", "tokens_per_minute", limits.tokens_per_minute),
+            ("", "your plan's", "tokens_per_day", limits.tokens_per_day),
+            ("key_", "this API key's", "tokens_per_minute", key.tokens_per_minute),
+            ("key_", "this API key's", "tokens_per_day", key.tokens_per_day),
+            ("key_", "this API key's", "monthly_tokens", caller.key_monthly_tokens),
+            ("", "your account's", "monthly_tokens", caller.user_monthly_tokens),
         ):
-            if max_tokens > limit:
-                rate_limited(name, caller.plan, model_type)
+            if limit is not None and max_tokens > limit:
+                rate_limited(label + name, caller.plan, model_type)
                 raise ApiError(
                     429,
                     f"Request too large for {model_type}: the reply may take {max_tokens} "
-                    f"tokens ({param}, all choices), more than your plan's whole "
-                    f"{name.replace('_', ' ')} ({limit}). Lower {param} or upgrade your plan.",
+                    f"tokens ({param}, all choices), more than {whose} whole "
+                    f"{name.replace('_', ' ')} ({limit}). Lower {param}.",
                     type="tokens",
                     param=param,
                     code=RATE_LIMITED,
@@ -201,31 +246,88 @@ class RateLimits:
         """
         limits = self.plan_limits(caller.plan).on(model_type)
         keys = self._keys(caller, model_type, limits)
-        ask = Ask(limits.concurrent_requests, max_tokens, choices, longest)
-        lease = uuid.uuid4().hex
+        key_keys = self._key_keys(caller)
         try:
-            seen = await self.counters.admit(keys, lease, ask)
+            await self._seed(keys, key_keys)
+            plan_hold, headers = await self._hold(
+                keys, Ask(limits.concurrent_requests, max_tokens, choices, longest),
+                caller, model_type, Scope.PLAN,
+            )
+        except ApiError:
+            raise
         except Exception as exc:  # any storage failure: Redis down, timeout, protocol error
             return self._storage_failed(exc)
+        holds = [plan_hold]
+        if key_keys is not None:
+            concurrent = (caller.key_limits or KeyLimits()).concurrent_requests or UNBOUNDED
+            # The reply the plan's windows hold, or less if the key's windows have less room.
+            each = longest if max_tokens is not None else plan_hold.reserved // choices
+            try:
+                key_hold, key_headers = await self._hold(
+                    key_keys, Ask(concurrent, max_tokens, choices, each),
+                    caller, model_type, Scope.KEY,
+                )
+            except BaseException as exc:
+                self.release(holds, 0)
+                if isinstance(exc, ApiError):
+                    raise
+                return self._storage_failed(exc)
+            holds.append(key_hold)
+            headers = tighter(headers, key_headers)
+        for hold in holds:
+            self.leases.hold(hold.keys.concurrency_key(), hold.lease)
+        reserved = min(hold.reserved for hold in holds)
+        return Admission(self, holds, headers, reply_cap=reserved // choices)
+
+    async def _hold(
+        self, keys: CounterKeys, ask: Ask, caller: Caller, model_type: str, scope: Scope
+    ) -> tuple[Hold, dict[str, str]]:
+        """Reserve in one set of windows, or raise its 429."""
+        lease = uuid.uuid4().hex
+        seen = await self.counters.admit(keys, lease, ask)
         now = time.time()
-        request_window = Window(limits.requests_per_minute, seen.requests, seen.requests_reset)
-        token_window = Window(limits.tokens_per_minute, seen.tokens, seen.tokens_reset)
-        daily_window = Window(limits.tokens_per_day, seen.daily_tokens, _next_midnight(now))
+        request_window = Window(keys.requests.amount, seen.requests, seen.requests_reset)
+        token_window = Window(keys.tokens.amount, seen.tokens, seen.tokens_reset)
+        daily_window = Window(keys.daily.amount, seen.daily_tokens, _next_midnight(now))
         if not seen.reserved:
+            budgets = [Window(b.limit, used, _next_month(now))
+                       for b, used in zip(keys.budgets, seen.budgets_used)]
             limit, error = _refusal(
-                model_type, limits, request_window, token_window, daily_window, seen.in_flight,
-                ask, now,
+                model_type, scope, request_window, token_window, daily_window, budgets,
+                seen.in_flight, ask, now,
             )
             rate_limited(limit, caller.plan, model_type)
             error.headers.update(rate_limit_headers(request_window, token_window, now))
             raise error
-        self.leases.hold(keys.concurrency_key(), lease)
         held = Window(token_window.limit, token_window.used + seen.reserved, seen.tokens_reset)
-        headers = rate_limit_headers(request_window, held, now)
-        return Admission(
-            self, keys, headers, lease=lease, reply_cap=seen.reserved // choices,
-            reserved=seen.reserved, window_ends=seen.tokens_reset,
-        )
+        hold = Hold(keys, lease, seen.reserved, seen.tokens_reset)
+        return hold, rate_limit_headers(request_window, held, now)
+
+    def release(self, holds: list[Hold], tokens: int) -> None:
+        """Settle each hold with the tokens the reply used (off the response path)."""
+        now = time.time()
+        for hold in holds:
+            self.leases.drop(hold.lease)
+            self.in_background(self.counters.settle(
+                hold.keys, hold.lease, hold.reserved, tokens, now < hold.window_ends
+            ))
+
+    async def _seed(self, *keys: CounterKeys | None) -> None:
+        """Start each budget's window, once per month and replica, from the key store's
+        usage (a Redis window already counting is kept)."""
+        if self._monthly_usage is None:
+            return
+        for budget in (b for k in keys if k is not None for b in k.budgets):
+            if budget.key in self._seeded:
+                continue
+            _, kind, owner, _ = budget.key.split("/")
+            try:
+                used = await self._monthly_usage(kind, owner)
+            except Exception as exc:  # the store is down: the window starts from what it has
+                logger.warning("Reading monthly usage failed: %s", type(exc).__name__)
+                continue
+            await self.counters.seed(budget.key, used, budget.expiry_s)
+            self._seeded.add(budget.key)
 
     async def has_requests_left(self, caller: Caller, model_type: str) -> bool:
         """Whether the caller's request window on `model_type` has room, read without
@@ -318,57 +420,109 @@ def _too_many(kind: str, message: str, retry_in: float) -> ApiError:
     )
 
 
+class Scope(Enum):
+    """Whose windows refused a request: the user's plan, or the key's own limits."""
+
+    PLAN = ("", "your plan's ", "your daily token quota", "Upgrade your plan for a larger quota.")
+    KEY = ("key_", "this API key's ", "this API key's daily token limit",
+           "The key's owner or an operator can raise it.")
+
+    def __init__(self, label: str, whose: str, daily: str, remedy: str) -> None:
+        self.label = label
+        self.whose = whose
+        self.daily = daily
+        self.remedy = remedy
+
+
 def _refusal(
     model_type: str,
-    limits: ModelTypeLimits,
+    scope: Scope,
     requests: Window,
     tokens: Window,
     daily: Window,
+    budgets: list[Window],
     in_flight: int,
     ask: Ask,
     now: float,
 ) -> tuple[str, ApiError]:
-    """The limit a request that `counters.reservation` refused hit, and its 429: quota first
-    (no retry helps), then the rates. The limit's name is the `limit` label of
+    """The limit a request that `counters.reservation` refused hit, and its 429: budgets and
+    quota first (no retry helps), then the rates. The limit's name is the `limit` label of
     serviceai_rate_limited. The windows count the reservations of running requests."""
     max_tokens = ask.reply_tokens
+    asked = f" The reply may take {ask.needs} (max_tokens)."
+    for budget in budgets:
+        if budget.remaining <= 0 or ask.needs > budget.remaining:
+            owner = "this API key's" if scope is Scope.KEY else "your account's"
+            return f"{scope.label}monthly_tokens", ApiError(
+                429,
+                f"{owner[0].upper()}{owner[1:]} monthly token budget is spent: "
+                f"{budget.remaining} of {budget.limit} tokens left this month (UTC)."
+                f"{asked if budget.remaining > 0 else ''} It starts over on the 1st at 00:00 "
+                "UTC; an operator can raise it.",
+                type="insufficient_quota",
+                code=QUOTA_SPENT,
+                headers={"x-should-retry": "false"},
+            )
     if daily.remaining <= 0 or ask.needs > daily.remaining:
-        asked = "" if daily.remaining <= 0 else f" The reply may take {ask.needs} (max_tokens)."
-        return "tokens_per_day", ApiError(
+        return f"{scope.label}tokens_per_day", ApiError(
             429,
-            f"You exceeded your daily token quota for {model_type}: {daily.remaining} of "
-            f"{limits.tokens_per_day} tokens left today (UTC).{asked} The quota resets at "
-            "00:00 UTC. Upgrade your plan for a larger quota.",
+            f"You exceeded {scope.daily} for {model_type}: {daily.remaining} of "
+            f"{daily.limit} tokens left today (UTC).{asked if daily.remaining > 0 else ''} "
+            f"The quota resets at 00:00 UTC. {scope.remedy}",
             type="insufficient_quota",
             code=QUOTA_SPENT,
             headers={"x-should-retry": "false"},
         )
     if requests.used > requests.limit:
-        return "requests_per_minute", _too_many(
+        return f"{scope.label}requests_per_minute", _too_many(
             "requests",
-            f"Rate limit reached for {model_type} on requests per minute: limit "
+            f"Rate limit reached for {model_type} on {scope.whose}requests per minute: limit "
             f"{requests.limit}.",
             requests.resets_in(now),
         )
-    if in_flight > limits.concurrent_requests:
-        return "concurrent_requests", _too_many(
+    if in_flight > ask.concurrent_requests:
+        return f"{scope.label}concurrent_requests", _too_many(
             "requests",
-            f"Rate limit reached for {model_type} on concurrent requests: limit "
-            f"{limits.concurrent_requests} at once. Wait for one to finish.",
+            f"Rate limit reached for {model_type} on {scope.whose}concurrent requests: limit "
+            f"{ask.concurrent_requests} at once. Wait for one to finish.",
             1,
         )
     if tokens.remaining <= 0 or max_tokens is None:
-        return "tokens_per_minute", _too_many(
+        return f"{scope.label}tokens_per_minute", _too_many(
             "tokens",
-            f"Rate limit reached for {model_type} on tokens per minute: limit {tokens.limit}, "
-            f"used or held by running requests {tokens.used}.",
+            f"Rate limit reached for {model_type} on {scope.whose}tokens per minute: limit "
+            f"{tokens.limit}, used or held by running requests {tokens.used}.",
             tokens.resets_in(now),
         )
-    return "tokens_per_minute", _too_many(
+    return f"{scope.label}tokens_per_minute", _too_many(
         "tokens",
-        f"Rate limit reached for {model_type} on tokens per minute: the reply may take "
-        f"{max_tokens} tokens (max_tokens), more than the {tokens.remaining} of "
+        f"Rate limit reached for {model_type} on {scope.whose}tokens per minute: the reply "
+        f"may take {max_tokens} tokens (max_tokens), more than the {tokens.remaining} of "
         f"{tokens.limit} left this minute (running requests hold what their replies may "
         "take); lower max_tokens, or wait.",
         tokens.resets_in(now),
     )
+
+
+def tighter(first: dict[str, str], second: dict[str, str]) -> dict[str, str]:
+    """The rate-limit headers of whichever set of windows has less left, requests and tokens
+    each."""
+    chosen = dict(first)
+    for kind in ("requests", "tokens"):
+        remaining = f"x-ratelimit-remaining-{kind}"
+        if int(second[remaining]) < int(first[remaining]):
+            for part in ("limit", "remaining", "reset"):
+                name = f"x-ratelimit-{part}-{kind}"
+                chosen[name] = second[name]
+    return chosen
+
+
+def _monthly(kind: str, owner: str, limit: int) -> Budget:
+    month = datetime.now(UTC).strftime("%Y-%m")
+    return Budget(f"budget/{kind}/{owner}/{month}", limit, MONTH_EXPIRY_S)
+
+
+def _next_month(now: float) -> float:
+    today = datetime.fromtimestamp(now, UTC).date()
+    year, month = (today.year + 1, 1) if today.month == 12 else (today.year, today.month + 1)
+    return datetime(year, month, 1, tzinfo=UTC).timestamp()

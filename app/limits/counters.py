@@ -43,14 +43,26 @@ Lease = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
+class Budget:
+    """A token window beside the minute's and the day's (a monthly budget): reserved and
+    settled with them."""
+
+    key: str
+    limit: int
+    expiry_s: int
+
+
+@dataclass(frozen=True, slots=True)
 class CounterKeys:
-    """The windows of one user on one model type, and their keys (`limits`' naming)."""
+    """The windows of one user on one model type (or of one key on every type), and their keys
+    (`limits`' naming)."""
 
     requests: RateLimitItem
     tokens: RateLimitItem
     daily: RateLimitItem
     ids: tuple[str, str]
     day: str
+    budgets: tuple[Budget, ...] = ()
 
     def requests_key(self) -> str:
         return self.requests.key_for(*self.ids, "requests")
@@ -83,22 +95,26 @@ class Ask:
 
 
 def reservation(
-    keys: CounterKeys, ask: Ask, requests: int, in_flight: int, tokens: int, daily_tokens: int
+    keys: CounterKeys, ask: Ask, requests: int, in_flight: int, tokens: int, daily_tokens: int,
+    budgets_used: tuple[int, ...] = (),
 ) -> int:
     """The completion tokens admission reserves for a request seen with these counts (its own
     request and slot counted), 0 when a limit refuses it. `RESERVE` is this function in Lua;
     `app.limits.admission` words the refusal."""
-    tokens_left = max(0, keys.tokens.amount - tokens)
-    daily_left = max(0, keys.daily.amount - daily_tokens)
+    left = min(
+        max(0, keys.tokens.amount - tokens),
+        max(0, keys.daily.amount - daily_tokens),
+        *(max(0, budget.limit - used) for budget, used in zip(keys.budgets, budgets_used)),
+    )
     if (
         requests > keys.requests.amount
         or in_flight > ask.concurrent_requests
-        or ask.needs > min(tokens_left, daily_left)
+        or ask.needs > left
     ):
         return 0
     if ask.reply_tokens is not None:
         return ask.reply_tokens
-    each = min(tokens_left, daily_left) // ask.choices
+    each = left // ask.choices
     if ask.longest is not None:
         each = min(each, ask.longest)
     return each * ask.choices
@@ -116,7 +132,9 @@ class Snapshot:
     daily_tokens: int
     in_flight: int
     reserved: int
-    """Completion tokens reserved for the request in both token windows (0: refused)."""
+    """Completion tokens reserved for the request in every token window (0: refused)."""
+    budgets_used: tuple[int, ...] = ()
+    """Tokens used (and held) in each of the keys' budgets, as seen."""
 
 
 class Counters(Protocol):
@@ -135,6 +153,10 @@ class Counters(Protocol):
 
     async def count_request(self, keys: CounterKeys) -> None:
         """Count a request refused before admission (an invalid body) in its window."""
+
+    async def seed(self, key: str, tokens: int, expiry_s: int) -> None:
+        """Start a budget's window at `tokens` (what the key store says was used), unless it
+        is already counting."""
 
     async def requests_used(self, keys: CounterKeys) -> int:
         """Requests counted in the current minute, read without counting."""
@@ -172,11 +194,16 @@ class MemoryCounters:
             requests = await windows.incr(keys.requests_key(), keys.requests.get_expiry())
             tokens = await windows.get(keys.tokens_key())
             daily_tokens = await windows.get(keys.daily_key())
+            budgets_used = tuple([await windows.get(b.key) for b in keys.budgets])
             in_flight = self._take(keys.concurrency_key(), lease)
-            reserved = reservation(keys, ask, requests, in_flight, tokens, daily_tokens)
+            reserved = reservation(
+                keys, ask, requests, in_flight, tokens, daily_tokens, budgets_used
+            )
             if reserved:
                 await windows.incr(keys.tokens_key(), keys.tokens.get_expiry(), reserved)
                 await windows.incr(keys.daily_key(), keys.daily.get_expiry(), reserved)
+                for budget in keys.budgets:
+                    await windows.incr(budget.key, budget.expiry_s, reserved)
             else:
                 await self.release(keys.concurrency_key(), lease)
             return Snapshot(
@@ -187,26 +214,36 @@ class MemoryCounters:
                 daily_tokens=daily_tokens,
                 in_flight=in_flight,
                 reserved=reserved,
+                budgets_used=budgets_used,
             )
 
     async def settle(
         self, keys: CounterKeys, lease: str, reserved: int, tokens: int, same_window: bool
     ) -> None:
         async with self._turn:
-            await self._replace(keys.tokens_key(), keys.tokens, reserved, tokens, same_window)
-            await self._replace(keys.daily_key(), keys.daily, reserved, tokens, True)
+            await self._replace(
+                keys.tokens_key(), keys.tokens.get_expiry(), reserved, tokens, same_window
+            )
+            await self._replace(keys.daily_key(), keys.daily.get_expiry(), reserved, tokens, True)
+            for budget in keys.budgets:
+                await self._replace(budget.key, budget.expiry_s, reserved, tokens, True)
             await self.release(keys.concurrency_key(), lease)
 
     async def _replace(
-        self, key: str, item: RateLimitItem, reserved: int, tokens: int, same_window: bool
+        self, key: str, expiry: int, reserved: int, tokens: int, same_window: bool
     ) -> None:
         windows = self._windows
         if same_window and await windows.get(key) > 0:
-            left = await windows.incr(key, item.get_expiry(), tokens - reserved)
+            left = await windows.incr(key, expiry, tokens - reserved)
             if left < 0:
-                await windows.incr(key, item.get_expiry(), -left)
+                await windows.incr(key, expiry, -left)
         elif tokens > 0:
-            await windows.incr(key, item.get_expiry(), tokens)
+            await windows.incr(key, expiry, tokens)
+
+    async def seed(self, key: str, tokens: int, expiry_s: int) -> None:
+        async with self._turn:
+            if await self._windows.get(key) == 0 and tokens > 0:
+                await self._windows.incr(key, expiry_s, tokens)
 
     async def count_request(self, keys: CounterKeys) -> None:
         await self._windows.incr(keys.requests_key(), keys.requests.get_expiry())
@@ -253,9 +290,10 @@ class MemoryCounters:
 
 
 RESERVE = """
--- KEYS: requests, tokens, daily, slots. ARGV: the three windows' expiries, lease, now,
--- lease ttl, then `reservation`'s limits: requests, tokens, daily, concurrent requests,
--- reply tokens (-1: none), choices, longest (-1: none).
+-- KEYS: requests, tokens, daily, slots, then the budgets. ARGV: the three windows' expiries,
+-- lease, now, lease ttl, then `reservation`'s limits: requests, tokens, daily, concurrent
+-- requests, reply tokens (-1: none), choices, longest (-1: none); then each budget's limit
+-- and expiry.
 local requests = redis.call('INCRBY', KEYS[1], 1)
 redis.call('EXPIRE', KEYS[1], ARGV[1], 'NX')
 local now, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -268,6 +306,12 @@ local daily = tonumber(redis.call('GET', KEYS[3]) or '0')
 local reply, choices, longest = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local left = math.min(math.max(0, tonumber(ARGV[8]) - tokens),
                       math.max(0, tonumber(ARGV[9]) - daily))
+local budgets = {}
+for i = 5, #KEYS do
+  local used = tonumber(redis.call('GET', KEYS[i]) or '0')
+  budgets[#budgets + 1] = used
+  left = math.min(left, math.max(0, tonumber(ARGV[14 + 2 * (i - 5)]) - used))
+end
 local needs = reply
 if reply < 0 then needs = choices end
 local reserved = 0
@@ -285,17 +329,21 @@ if reserved > 0 then
   redis.call('EXPIRE', KEYS[2], ARGV[2], 'NX')
   redis.call('INCRBY', KEYS[3], reserved)
   redis.call('EXPIRE', KEYS[3], ARGV[3], 'NX')
+  for i = 5, #KEYS do
+    redis.call('INCRBY', KEYS[i], reserved)
+    redis.call('EXPIRE', KEYS[i], ARGV[15 + 2 * (i - 5)], 'NX')
+  end
 else
   redis.call('ZREM', KEYS[4], ARGV[4])
 end
 return {requests, redis.call('TTL', KEYS[1]), tokens, redis.call('TTL', KEYS[2]), daily,
-        in_flight, reserved}
+        in_flight, reserved, budgets}
 """
 """`reservation` and the windows it reads and writes, in one step no other client interleaves."""
 
 SETTLE = """
--- KEYS: tokens, daily, slots. ARGV: reserved, tokens used, same window (1/0), the two
--- windows' expiries, lease.
+-- KEYS: tokens, daily, slots, then the budgets. ARGV: reserved, tokens used, same window
+-- (1/0), the two windows' expiries, lease, then each budget's expiry.
 local reserved, used = tonumber(ARGV[1]), tonumber(ARGV[2])
 local function replace(key, expiry, same_window)
   if same_window and redis.call('EXISTS', key) == 1 then
@@ -309,6 +357,9 @@ local function replace(key, expiry, same_window)
 end
 replace(KEYS[1], ARGV[4], ARGV[3] == '1')
 replace(KEYS[2], ARGV[5], true)
+for i = 4, #KEYS do
+  replace(KEYS[i], ARGV[3 + i], true)
+end
 redis.call('ZREM', KEYS[3], ARGV[6])
 """
 
@@ -353,8 +404,9 @@ class RedisCounters:
     async def admit(self, keys: CounterKeys, lease: str, ask: Ask) -> Snapshot:
         names = [self._key(key) for key in (keys.requests_key(), keys.tokens_key(),
                                             keys.daily_key(), keys.concurrency_key())]
+        names += [self._key(budget.key) for budget in keys.budgets]
         unset = -1
-        count, requests_ttl, used, tokens_ttl, used_today, in_flight, reserved = (
+        count, requests_ttl, used, tokens_ttl, used_today, in_flight, reserved, budgets = (
             await self._reserve(keys=names, args=[
                 keys.requests.get_expiry(), keys.tokens.get_expiry(), keys.daily.get_expiry(),
                 lease, repr(self._clock()), repr(self.ttl_s),
@@ -362,6 +414,7 @@ class RedisCounters:
                 ask.concurrent_requests,
                 unset if ask.reply_tokens is None else ask.reply_tokens,
                 ask.choices, unset if ask.longest is None else ask.longest,
+                *(value for b in keys.budgets for value in (b.limit, b.expiry_s)),
             ])
         )
         now = time.time()
@@ -373,6 +426,7 @@ class RedisCounters:
             daily_tokens=int(used_today),
             in_flight=int(in_flight),
             reserved=int(reserved),
+            budgets_used=tuple(int(b) for b in budgets),
         )
 
     async def settle(
@@ -380,10 +434,15 @@ class RedisCounters:
     ) -> None:
         names = [self._key(key) for key in (keys.tokens_key(), keys.daily_key(),
                                             keys.concurrency_key())]
+        names += [self._key(budget.key) for budget in keys.budgets]
         await self._settle(keys=names, args=[
             reserved, tokens, int(same_window), keys.tokens.get_expiry(),
-            keys.daily.get_expiry(), lease,
+            keys.daily.get_expiry(), lease, *(budget.expiry_s for budget in keys.budgets),
         ])
+
+    async def seed(self, key: str, tokens: int, expiry_s: int) -> None:
+        if tokens > 0:
+            await self._redis.set(self._key(key), tokens, ex=expiry_s, nx=True)
 
     async def count_request(self, keys: CounterKeys) -> None:
         name = self._key(keys.requests_key())

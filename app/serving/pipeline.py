@@ -76,6 +76,7 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     """Serve one request of any API (see the module's docstring for the steps)."""
     models: ModelRouter = request.app.state.models
     limits: RateLimits = request.app.state.limits
+    check_allowed(caller, models.get(call.model).name)
     endpoint = models.resolve(call.model)
     record = record_of(request)
     record.model_type = endpoint.name  # a 429 below is counted against the type it asked for
@@ -138,6 +139,19 @@ def charged_on_failure(admission: Admission, settle: Settle) -> Iterator[None]:
         if isinstance(error, ApiError):
             error.headers.update(admission.headers)
         raise
+
+
+def check_allowed(caller: Caller, model_type: str) -> None:
+    """A key scoped to some model types calls only those: 403 naming them."""
+    if not caller.may_call(model_type):
+        allowed = ", ".join(sorted(caller.models or ()))
+        raise ApiError(
+            403,
+            f"This API key may not call {model_type}; it may call: {allowed}. Use a key "
+            "scoped to this model type, or ask the key's owner to widen its scope.",
+            param="model",
+            code="model_not_allowed",
+        )
 
 
 def check_reply_length(call: ApiCall, model: ModelInfo) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from app.serving import haproxy_forwarding
+
 SERVE_ENV: dict[str, str] = {
     # User code and the handle router on the replica's own event loop (no cross-thread hop
     # per streamed chunk), gRPC between deployments, GC frozen after start-up.
@@ -23,9 +25,9 @@ SERVE_ENV: dict[str, str] = {
     # load balancer's 600 s idle timeout, so the balancer closes first. A body that trickles in
     # is not idle: the ingress cuts it off itself (SERVICEAI_BODY_READ_TIMEOUT_S, 408).
     "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "620",
-    # uvicorn in each replica trusts X-Forwarded-For from 127.0.0.1 by default, so a client
-    # could pick the address the console's sign-in limit counts; the console reads the header
-    # itself, from SERVICEAI_TRUSTED_PROXIES only.
+    # uvicorn in each replica trusts X-Forwarded-For from 127.0.0.1 by default and would put
+    # the client's claim in place of the peer; the console reads the header itself, from
+    # SERVICEAI_TRUSTED_PROXIES only (HAProxy appends the address it saw).
     "FORWARDED_ALLOW_IPS": "",
     # A client's x-request-id is checked (length, characters) before Serve adopts it.
     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "app.observability.request_id:http_middlewares",
@@ -62,6 +64,8 @@ def cluster_env(state_dir: Path, free_port: Callable[[], int] | None = None) -> 
         )
     env = dict(SERVE_ENV)
     env |= {
+        # HAProxy with X-Forwarded-For (app/serving/haproxy_forwarding.py).
+        "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy_forwarding.install(state_dir / "bin"),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(state_dir / "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(state_dir / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(state_dir),

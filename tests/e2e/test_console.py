@@ -143,3 +143,51 @@ def test_a_wrong_password_is_refused_in_the_browser(stack: Stack, chromium: Brow
     finally:
         camera.publish()
         page.close()
+
+
+def test_a_key_scoped_in_the_console_calls_only_its_type(
+    stack: Stack, chromium: Browser, tmp_path
+):
+    """The key form's scopes (the API's): one model type, a monthly budget; the list shows them
+    and the key is held to them."""
+    stack.secrets.append(PASSWORD)
+    context = chromium.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    camera = Camera(page, tmp_path, first=20)
+    try:
+        page.goto(f"{stack.origin}/console/sign-up")
+        page.get_by_label("Email").fill("scoped@example.com")
+        page.get_by_label("Password", exact=False).first.fill(PASSWORD)
+        page.get_by_label("Repeat password").fill(PASSWORD)
+        page.get_by_role("button", name="Sign up").click()
+        expect(page).to_have_url(f"{stack.origin}/console/keys")
+
+        page.get_by_label("Name").fill("coder only")
+        page.get_by_text("Scopes (optional)").click()
+        page.get_by_label("ServiceAi-Coder").check()
+        page.get_by_label("Tokens per month").fill("50000")
+        page.get_by_label("Requests per minute").fill("7")
+        camera.shoot("key-scopes-form")
+        page.get_by_role("button", name="Create key").click()
+        secret = page.locator("#new-key-value").inner_text()
+        stack.secrets.append(secret)
+        row = page.locator("tr", has_text="coder only")
+        expect(row).to_contain_text("ServiceAi-Coder")
+        expect(row).to_contain_text("50,000 tokens a month")
+        expect(row).to_contain_text("7 requests per minute")
+        camera.shoot("key-scoped")
+
+        client = openai.OpenAI(base_url=stack.base_url, api_key=secret, max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["ServiceAi-Coder"]
+        with pytest.raises(openai.PermissionDeniedError):
+            client.chat.completions.create(model="ServiceAi-Fast", messages=HI, max_tokens=2)
+
+        page.get_by_label("Name").fill("bad")
+        page.get_by_text("Scopes (optional)").click()
+        page.get_by_label("Tokens per day").fill("0")
+        page.get_by_label("Tokens per day").evaluate("e => e.removeAttribute('min')")
+        page.get_by_role("button", name="Create key").click()
+        expect(page.get_by_role("alert")).to_contain_text("Tokens per day")
+    finally:
+        camera.publish()
+        context.close()

@@ -11,7 +11,16 @@ import datetime as dt
 from datetime import datetime
 from typing import Annotated, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, StringConstraints
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    SecretStr,
+    StringConstraints,
+)
 
 from app.accounts.keystore import passwords
 
@@ -73,6 +82,12 @@ def unix(moment: datetime | None) -> int | None:
     return None if moment is None else int(moment.timestamp())
 
 
+MAX_GRACE_S = 30 * 86400
+DEFAULT_GRACE_S = 86400
+
+ModelTypeName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
 class User(BaseModel):
     object: Literal["user"] = "user"
     id: str
@@ -81,10 +96,48 @@ class User(BaseModel):
     created_at: int
     disabled: bool
     disabled_at: int | None
+    monthly_tokens: int | None = Field(
+        None, description="Tokens all the user's keys may use in a UTC calendar month; null: "
+        "no budget beyond the plan."
+    )
 
 
-class ApiKey(BaseModel):
+class KeyLimits(BaseModel):
+    """A key's own limits, each optional, applied across model types together with its user's
+    plan (per model type): the tighter one wins."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    concurrent_requests: PositiveInt | None = None
+    tokens_per_day: PositiveInt | None = None
+
+    def is_empty(self) -> bool:
+        return all(value is None for value in self.model_dump().values())
+
+
+class KeyScopes(BaseModel):
+    """What a key may do beyond being its user's: all optional, none by default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[ModelTypeName] | None = Field(
+        None, min_length=1, description="The model types it may call; null: all of them."
+    )
+    expires_at: AwareDatetime | None = Field(
+        None, description="When it stops working (ISO 8601); null: never."
+    )
+    limits: KeyLimits | None = None
+    monthly_tokens: PositiveInt | None = Field(
+        None, description="Tokens it may use in a UTC calendar month; null: no budget."
+    )
+
+
+class ApiKey(KeyScopes):
     """A key as lists show it: never the secret, only `display` (prefix and last 4 characters)."""
+
+    model_config = ConfigDict(extra="ignore")
 
     object: Literal["api_key"] = "api_key"
     id: str
@@ -93,8 +146,11 @@ class ApiKey(BaseModel):
     display: str = Field(examples=["sai-...x9Qz"])
     created_at: int
     last_used_at: int | None
-    revoked_at: int | None
+    revoked_at: int | None = Field(
+        description="When it was revoked, or will be (a key rotated away, in its grace period)."
+    )
     revoked: bool
+    limits: KeyLimits = Field(default_factory=KeyLimits)
 
 
 class IssuedApiKey(ApiKey):
@@ -124,6 +180,9 @@ class UserUpdate(BaseModel):
 
     plan: PlanName | None = None
     disabled: bool | None = None
+    monthly_tokens: PositiveInt | None = Field(
+        None, description="A monthly token budget; send null to clear it."
+    )
 
 
 class PasswordSet(BaseModel):
@@ -132,10 +191,22 @@ class PasswordSet(BaseModel):
     password: Password
 
 
-class ApiKeyCreate(BaseModel):
+class ApiKeyCreate(KeyScopes):
+    name: KeyName | None = None
+
+
+class ApiKeyUpdate(KeyScopes):
+    """The scopes to change: a field sent replaces the key's (null clears it), a field left out
+    keeps it."""
+
+
+class ApiKeyRotate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: KeyName | None = None
+    grace_seconds: int = Field(
+        DEFAULT_GRACE_S, ge=0, le=MAX_GRACE_S,
+        description="How long the old key keeps working before it is revoked.",
+    )
 
 
 class UsageRecord(BaseModel):
@@ -152,13 +223,24 @@ class UsageRecord(BaseModel):
     total_tokens: int
 
 
+class Budget(BaseModel):
+    """A monthly token budget and what was used of it this UTC month (as written so far)."""
+
+    month: str = Field(examples=["2026-11"])
+    monthly_tokens: int
+    used: int
+    left: int
+
+
 class UsageList(BaseModel):
-    """Usage between two UTC days (both included), by day, then key, then model type."""
+    """Usage between two UTC days (both included), by day, then key, then model type; with the
+    monthly budget of the user or the key asked about, if it has one."""
 
     object: Literal["list"] = "list"
     start_date: dt.date
     end_date: dt.date
     data: list[UsageRecord]
+    budget: Budget | None = None
 
 
 class UsageTotals(BaseModel):

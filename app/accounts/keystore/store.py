@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 from sqlalchemy import Insert, Select, bindparam, func, insert, literal, or_, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
@@ -24,7 +25,10 @@ from app.accounts.keystore.errors import (
 from app.accounts.keystore.schemas import (
     DEFAULT_PLAN,
     ApiKey,
+    Budget,
     IssuedApiKey,
+    KeyLimits,
+    KeyScopes,
     Page,
     UsageList,
     UsageTotals,
@@ -54,10 +58,21 @@ class KeyOwner:
     plan: str
     revoked: bool
     user_disabled: bool
+    scopes: KeyScopes
+    revokes_at: datetime | None = None
+    """A key rotated away: valid until then."""
+    user_monthly_tokens: int | None = None
 
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+class Unchanged:
+    """The value of an argument left out (where None means 'clear it')."""
+
+
+UNCHANGED = Unchanged()
 
 
 class KeyStore:
@@ -104,14 +119,18 @@ class KeyStore:
         return Page[User](data=[_user(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
     async def update_user(
-        self, user: str, *, plan: str | None = None, disabled: bool | None = None
+        self, user: str, *, plan: str | None = None, disabled: bool | None = None,
+        monthly_tokens: int | None | Unchanged = UNCHANGED,
     ) -> User:
+        """Change what is given; `monthly_tokens=None` clears the user's budget."""
         async with self.database.transaction() as session:
             row = await _find_user(session, user)
             if plan is not None:
                 row.plan = plan
             if disabled is not None and disabled != (row.disabled_at is not None):
                 row.disabled_at = now() if disabled else None
+            if not isinstance(monthly_tokens, Unchanged):
+                row.monthly_tokens = monthly_tokens
         return _user(row)
 
     async def set_password(self, user: str, password: str, *, end_sessions: bool = True) -> User:
@@ -160,7 +179,9 @@ class KeyStore:
 
     # Keys
 
-    async def create_key(self, user: str, name: str | None = None) -> IssuedApiKey:
+    async def create_key(
+        self, user: str, name: str | None = None, scopes: KeyScopes | None = None
+    ) -> IssuedApiKey:
         issued = keygen.issue()
         async with self.database.transaction() as session:
             owner = await _find_user(session, user)
@@ -175,6 +196,7 @@ class KeyStore:
             name=name,
             created_at=now(),
         )
+        _set_scopes(row, scopes or KeyScopes())
         async with self.database.transaction() as session:
             if self.database.dialect == "postgresql":
                 # Parallel creates of one user queue here, so each sees the others' keys.
@@ -201,38 +223,81 @@ class KeyStore:
             rows = list(await session.scalars(await _page(session, query, ApiKeyRow, limit, after)))
         return Page[ApiKey](data=[_key(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
-    async def revoke_key(self, key_id: str, *, owner_id: str | None = None) -> ApiKey:
-        """Revoke a key (again is fine). With `owner_id`, only that user's key is found."""
+    async def get_key(self, key_id: str, *, owner_id: str | None = None) -> ApiKey:
         async with self.database.transaction() as session:
-            row = await session.get(ApiKeyRow, key_id)
-            if row is None or (owner_id is not None and row.user_id != owner_id):
-                raise KeyNotFound(f"No API key with id '{key_id}'.", param="key_id")
-            if row.revoked_at is None:
-                row.revoked_at = now()
+            return _key(await _find_key(session, key_id, owner_id))
+
+    async def revoke_key(self, key_id: str, *, owner_id: str | None = None) -> ApiKey:
+        """Revoke a key (again is fine; a key in its grace period is revoked now). With
+        `owner_id`, only that user's key is found."""
+        async with self.database.transaction() as session:
+            row = await _find_key(session, key_id, owner_id)
+            moment = now()
+            if row.revoked_at is None or row.revoked_at > moment:
+                row.revoked_at = moment
         return _key(row)
+
+    async def update_key(
+        self, key_id: str, changes: Mapping[str, object], *, owner_id: str | None = None
+    ) -> ApiKey:
+        """Replace the scopes named in `changes` (a KeyScopes field each; None clears)."""
+        async with self.database.transaction() as session:
+            row = await _find_key(session, key_id, owner_id)
+            scopes = _key(row).model_dump(include=set(KeyScopes.model_fields))
+            _set_scopes(row, KeyScopes.model_validate({**scopes, **changes}))
+        return _key(row)
+
+    async def rotate_key(
+        self, key_id: str, grace: timedelta, *, owner_id: str | None = None
+    ) -> IssuedApiKey:
+        """A new key with the old one's name and scopes; the old one keeps working for `grace`,
+        then is revoked. Both in one transaction."""
+        issued = keygen.issue()
+        async with self.database.transaction() as session:
+            old = await _find_key(session, key_id, owner_id)
+            moment = now()
+            if old.revoked_at is not None and old.revoked_at <= moment:
+                raise KeyNotFound(f"API key '{key_id}' is revoked: there is nothing to rotate.",
+                                  param="key_id")
+            row = ApiKeyRow(
+                id=keygen.new_id("key"),
+                user_id=old.user_id,
+                key_hash=issued.hash,
+                display=issued.display,
+                name=old.name,
+                created_at=moment,
+            )
+            _set_scopes(row, KeyScopes.model_validate(
+                _key(old).model_dump(include=set(KeyScopes.model_fields))
+            ))
+            ends = moment + grace
+            old.revoked_at = ends if old.revoked_at is None else min(old.revoked_at, ends)
+            session.add(row)
+        return IssuedApiKey(**_key(row).model_dump(), key=issued.secret)
 
     async def find_key(self, key_hash: str) -> KeyOwner | None:
         """The owner of the key with this hash, revoked or not; None for an unknown key."""
         query = (
-            select(
-                ApiKeyRow.id, ApiKeyRow.key_hash, ApiKeyRow.revoked_at,
-                UserRow.id, UserRow.plan, UserRow.disabled_at,
-            )
+            select(ApiKeyRow, UserRow.plan, UserRow.disabled_at, UserRow.monthly_tokens)
             .join(UserRow, UserRow.id == ApiKeyRow.user_id)
             .where(ApiKeyRow.key_hash == key_hash)
         )
-        async with self.database.connection() as connection:
-            found = (await connection.execute(query)).first()
+        async with self.database.transaction() as session:
+            found = (await session.execute(query)).first()
         if found is None:
             return None
-        key_id, stored_hash, revoked_at, user_id, plan, disabled_at = found
+        row, plan, disabled_at, user_monthly_tokens = found
+        key = _key(row)
         return KeyOwner(
-            key_id=key_id,
-            key_hash=stored_hash,
-            user_id=user_id,
+            key_id=row.id,
+            key_hash=row.key_hash,
+            user_id=row.user_id,
             plan=plan,
-            revoked=revoked_at is not None,
+            revoked=key.revoked,
             user_disabled=disabled_at is not None,
+            scopes=KeyScopes.model_validate(key.model_dump(include=set(KeyScopes.model_fields))),
+            revokes_at=None if key.revoked else row.revoked_at,
+            user_monthly_tokens=user_monthly_tokens,
         )
 
     async def record_last_used(self, used: Mapping[str, datetime]) -> None:
@@ -292,7 +357,44 @@ class KeyStore:
                 query = query.where(DailyUsageRow.key_id == key_id)
             rows = (await session.execute(query)).all()
         return UsageList(
-            start_date=start, end_date=end, data=[record_of(row, owner) for row, owner in rows]
+            start_date=start, end_date=end, data=[record_of(row, owner) for row, owner in rows],
+            budget=await self.budget(user=user, key_id=key_id),
+        )
+
+    async def monthly_tokens(self, kind: str, owner: str) -> int:
+        """Tokens (prompt and completion) that a user's keys (`kind` "user") or one key ("key")
+        used this UTC month, as written so far: what a budget's window starts from."""
+        used = func.coalesce(
+            func.sum(DailyUsageRow.prompt_tokens + DailyUsageRow.completion_tokens), 0
+        )
+        query = select(used).where(DailyUsageRow.day >= today().replace(day=1))
+        if kind == "user":
+            query = query.join(ApiKeyRow, ApiKeyRow.id == DailyUsageRow.key_id).where(
+                ApiKeyRow.user_id == owner
+            )
+        else:
+            query = query.where(DailyUsageRow.key_id == owner)
+        async with self.database.connection() as connection:
+            return int(await connection.scalar(query) or 0)
+
+    async def budget(self, *, user: str | None = None, key_id: str | None = None) -> Budget | None:
+        """The monthly budget of a user or a key, with what was used of it this UTC month
+        (as written so far); None without one."""
+        async with self.database.transaction() as session:
+            if key_id is not None:
+                row = await _find_key(session, key_id, None)
+                limit, kind, owner = row.monthly_tokens, "key", row.id
+            elif user is not None:
+                found = await _find_user(session, user)
+                limit, kind, owner = found.monthly_tokens, "user", found.id
+            else:
+                return None
+        if limit is None:
+            return None
+        used = await self.monthly_tokens(kind, owner)
+        return Budget(
+            month=today().strftime("%Y-%m"), monthly_tokens=limit, used=used,
+            left=max(0, limit - used),
         )
 
     async def usage_today(self, user: str) -> dict[str, UsageTotals]:
@@ -307,6 +409,28 @@ class KeyStore:
             total.completion_tokens += record.completion_tokens
             total.total_tokens += record.total_tokens
         return totals
+
+
+async def _find_key(session: AsyncSession, key_id: str, owner_id: str | None) -> ApiKeyRow:
+    row = await session.get(ApiKeyRow, key_id)
+    if row is None or (owner_id is not None and row.user_id != owner_id):
+        raise KeyNotFound(f"No API key with id '{key_id}'.", param="key_id")
+    return row
+
+
+SCOPE_COLUMNS = ("models", "expires_at", "requests_per_minute", "tokens_per_minute",
+                 "concurrent_requests", "tokens_per_day", "monthly_tokens")
+
+
+def _set_scopes(row: ApiKeyRow, scopes: KeyScopes) -> None:
+    row.models = None if scopes.models is None else json.dumps(scopes.models)
+    row.expires_at = scopes.expires_at
+    limits = scopes.limits or KeyLimits()
+    row.requests_per_minute = limits.requests_per_minute
+    row.tokens_per_minute = limits.tokens_per_minute
+    row.concurrent_requests = limits.concurrent_requests
+    row.tokens_per_day = limits.tokens_per_day
+    row.monthly_tokens = scopes.monthly_tokens
 
 
 async def _find_user(session: AsyncSession, user: str) -> UserRow:
@@ -341,7 +465,7 @@ async def _page(
 
 def _insert_within_limit(row: ApiKeyRow, max_keys: int) -> Insert:
     """INSERT the key only while its owner holds fewer than `max_keys` active keys."""
-    columns = ("id", "user_id", "key_hash", "display", "name", "created_at")
+    columns = ("id", "user_id", "key_hash", "display", "name", "created_at", *SCOPE_COLUMNS)
     active = (
         select(func.count())
         .select_from(ApiKeyRow)
@@ -362,6 +486,7 @@ def _user(row: UserRow) -> User:
         created_at=unix(row.created_at),
         disabled=row.disabled_at is not None,
         disabled_at=unix(row.disabled_at),
+        monthly_tokens=row.monthly_tokens,
     )
 
 
@@ -374,5 +499,14 @@ def _key(row: ApiKeyRow) -> ApiKey:
         created_at=unix(row.created_at),
         last_used_at=unix(row.last_used_at),
         revoked_at=unix(row.revoked_at),
-        revoked=row.revoked_at is not None,
+        revoked=row.revoked_at is not None and row.revoked_at <= now(),
+        models=None if row.models is None else json.loads(row.models),
+        expires_at=row.expires_at,
+        limits=KeyLimits(
+            requests_per_minute=row.requests_per_minute,
+            tokens_per_minute=row.tokens_per_minute,
+            concurrent_requests=row.concurrent_requests,
+            tokens_per_day=row.tokens_per_day,
+        ),
+        monthly_tokens=row.monthly_tokens,
     )

@@ -54,6 +54,8 @@ class UserRow(Base):
     password_hash: Mapped[str | None] = mapped_column(String(255))
     # Console sessions carry the version they began under; bumping it ends them all.
     session_version: Mapped[int] = mapped_column(Integer(), default=0, server_default="0")
+    # Tokens all the user's keys may use in a UTC calendar month; None: the plan's limits only.
+    monthly_tokens: Mapped[int | None] = mapped_column(BigInteger())
 
 
 class ApiKeyRow(Base):
@@ -66,7 +68,17 @@ class ApiKeyRow(Base):
     name: Mapped[str | None] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     last_used_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # A future time for a key rotated away: valid until then (its grace), revoked from then.
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # Scopes, all optional: the model types it may call (a JSON list), when it expires, its own
+    # limits beside its user's plan (the tighter wins), and a monthly token budget.
+    models: Mapped[str | None] = mapped_column(Text())
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer())
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger())
+    concurrent_requests: Mapped[int | None] = mapped_column(Integer())
+    tokens_per_day: Mapped[int | None] = mapped_column(BigInteger())
+    monthly_tokens: Mapped[int | None] = mapped_column(BigInteger())
 
 
 class DailyUsageRow(Base):

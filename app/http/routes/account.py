@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, timedelta
 
 from fastapi import APIRouter, Depends, Query, Request
 
 from app.accounts.auth import Caller, authenticate
+from app.accounts.scopes import check_models, check_narrower
 from app.accounts.keystore.schemas import (
     MAX_PAGE,
     ApiKey,
     ApiKeyCreate,
+    ApiKeyRotate,
+    ApiKeyUpdate,
     IssuedApiKey,
+    KeyScopes,
     Page,
     UsageList,
     User,
@@ -45,8 +49,47 @@ async def list_keys(
 async def create_key(
     request: Request, body: ApiKeyCreate | None = None, caller: Caller = Depends(authenticate)
 ) -> IssuedApiKey:
-    """A new key for the caller. The secret `key` is in this response only."""
-    return await request.app.state.store.create_key(caller.user_id, (body or ApiKeyCreate()).name)
+    """A new key for the caller, with the scopes given: at most those of the key in use. The
+    secret `key` is in this response only."""
+    body = body or ApiKeyCreate()
+    check_models(body, request.app.state.models.names)
+    check_narrower(caller.scopes(), body, "the key in use")
+    return await request.app.state.store.create_key(caller.user_id, body.name, body)
+
+
+@router.patch("/keys/{key_id}", response_model=ApiKey)
+async def update_key(
+    key_id: str, body: ApiKeyUpdate, request: Request, caller: Caller = Depends(authenticate)
+) -> ApiKey:
+    """Narrow one of the caller's keys: a field sent replaces it, one left out stays; a change
+    that would let the key (or a key made by the key in use) do more is refused."""
+    store = request.app.state.store
+    check_models(body, request.app.state.models.names)
+    current = await store.get_key(key_id, owner_id=caller.user_id)
+    scopes = KeyScopes.model_validate({
+        **current.model_dump(include=set(KeyScopes.model_fields)),
+        **body.model_dump(include=body.model_fields_set),
+    })
+    check_narrower(current, scopes, "the key has now")
+    check_narrower(caller.scopes(), scopes, "the key in use")
+    updated = await store.update_key(
+        key_id, body.model_dump(include=body.model_fields_set), owner_id=caller.user_id
+    )
+    request.app.state.keys.forget(key_id=key_id)
+    return updated
+
+
+@router.post("/keys/{key_id}/rotate", status_code=201, response_model=IssuedApiKey)
+async def rotate_key(
+    key_id: str, request: Request, body: ApiKeyRotate | None = None,
+    caller: Caller = Depends(authenticate),
+) -> IssuedApiKey:
+    """A new key with the same name and scopes; the old one works for `grace_seconds` more,
+    then is revoked. The new secret is in this response only."""
+    grace = timedelta(seconds=(body or ApiKeyRotate()).grace_seconds)
+    issued = await request.app.state.store.rotate_key(key_id, grace, owner_id=caller.user_id)
+    request.app.state.keys.forget(key_id=key_id)
+    return issued
 
 
 @router.delete("/keys/{key_id}", response_model=ApiKey)

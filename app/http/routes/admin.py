@@ -6,18 +6,21 @@ Mounted only when SERVICEAI_ADMIN_TOKEN is set; without it the admin API does no
 from __future__ import annotations
 
 import hmac
-from datetime import date
+from datetime import date, timedelta
 
 from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.accounts.auth import KeyVerifier
+from app.accounts.scopes import check_models
 from app.openai.errors import ApiError
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.schemas import (
     MAX_PAGE,
     ApiKey,
     ApiKeyCreate,
+    ApiKeyRotate,
+    ApiKeyUpdate,
     IssuedApiKey,
     Page,
     UsageList,
@@ -102,15 +105,41 @@ async def get_user(user: str, request: Request) -> User:
 async def update_user(user: str, body: UserUpdate, request: Request) -> User:
     """Change the plan, or disable (and enable) the user: a disabled user's keys stop working."""
     _offered(request, body.plan)
-    updated = await _store(request).update_user(user, plan=body.plan, disabled=body.disabled)
+    budget = {"monthly_tokens": body.monthly_tokens} if "monthly_tokens" in body.model_fields_set else {}
+    updated = await _store(request).update_user(
+        user, plan=body.plan, disabled=body.disabled, **budget
+    )
     _keys(request).forget(user_id=updated.id)
     return updated
 
 
 @router.post("/users/{user}/keys", status_code=201, response_model=IssuedApiKey)
 async def create_key(user: str, request: Request, body: ApiKeyCreate | None = None) -> IssuedApiKey:
-    """A new key for the user. The secret `key` is in this response only."""
-    return await _store(request).create_key(user, (body or ApiKeyCreate()).name)
+    """A new key for the user, with the scopes given. The secret `key` is in this response
+    only."""
+    body = body or ApiKeyCreate()
+    check_models(body, request.app.state.models.names)
+    return await _store(request).create_key(user, body.name, body)
+
+
+@router.patch("/keys/{key_id}", response_model=ApiKey)
+async def update_key(key_id: str, body: ApiKeyUpdate, request: Request) -> ApiKey:
+    """Change a key's scopes: a field sent replaces it (null clears), one left out stays. Other
+    replicas see the change within the key cache's TTL."""
+    check_models(body, request.app.state.models.names)
+    updated = await _store(request).update_key(key_id, body.model_dump(include=body.model_fields_set))
+    _keys(request).forget(key_id=key_id)
+    return updated
+
+
+@router.post("/keys/{key_id}/rotate", status_code=201, response_model=IssuedApiKey)
+async def rotate_key(key_id: str, request: Request, body: ApiKeyRotate | None = None) -> IssuedApiKey:
+    """A new key with the same name and scopes; the old one works for `grace_seconds` more,
+    then is revoked. The new secret is in this response only."""
+    grace = timedelta(seconds=(body or ApiKeyRotate()).grace_seconds)
+    issued = await _store(request).rotate_key(key_id, grace)
+    _keys(request).forget(key_id=key_id)
+    return issued
 
 
 @router.get("/keys", response_model=Page[ApiKey])

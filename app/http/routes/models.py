@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends, Request
 
 from app.accounts.auth import Caller, authenticate
 from app.serving.dispatch import ModelRouter
+from app.serving.pipeline import check_allowed
 from app.openai.protocol import ErrorResponse, ModelCard, ModelList
 
 router = APIRouter()
@@ -15,7 +16,9 @@ router = APIRouter()
 @router.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorResponse}})
 async def list_models(request: Request, caller: Caller = Depends(authenticate)) -> ModelList:
     models: ModelRouter = request.app.state.models
-    return ModelList(data=[await _card(models, name) for name in models.names])
+    return ModelList(
+        data=[await _card(models, name) for name in models.names if caller.may_call(name)]
+    )
 
 
 @router.get(
@@ -27,7 +30,9 @@ async def retrieve_model(
     model_id: str, request: Request, caller: Caller = Depends(authenticate)
 ) -> ModelCard:
     models: ModelRouter = request.app.state.models
-    return await _card(models, models.get(model_id).name)
+    name = models.get(model_id).name
+    check_allowed(caller, name)
+    return await _card(models, name)
 
 
 async def _card(models: ModelRouter, name: str) -> ModelCard:

@@ -7,7 +7,7 @@ import os
 import shutil
 import socket
 import tempfile
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from typer.main import get_command
@@ -219,3 +219,54 @@ def test_run_refuses_a_port_another_program_holds_naming_it():
     assert result.exit_code == 2
     assert f"Port {port} is in use by another program (pid {os.getpid()}: " in result.stderr
     assert f"kill {os.getpid()}" in result.stderr and "Traceback" not in result.output
+
+
+def test_keys_scoped_updated_and_rotated_from_the_cli(serviceai):
+    json_of(serviceai("users", "create", "--email", "ada@example.com", "--json"))
+    key = json_of(serviceai(
+        "keys", "create", "--user", "ada@example.com", "--name", "contractor",
+        "--models", "ServiceAi-Fast,ServiceAi-Coder", "--expires-at", "2099-01-31T00:00:00Z",
+        "--requests-per-minute", "5", "--tokens-per-minute", "5000", "--concurrent-requests",
+        "2", "--tokens-per-day", "50000", "--monthly-tokens", "100000", "--json",
+    ))
+    assert key["models"] == ["ServiceAi-Fast", "ServiceAi-Coder"]
+    assert key["expires_at"] == "2099-01-31T00:00:00Z" and key["monthly_tokens"] == 100000
+    assert key["limits"] == {"requests_per_minute": 5, "tokens_per_minute": 5000,
+                             "concurrent_requests": 2, "tokens_per_day": 50000}
+
+    # One limit given changes that limit only; --all-models and --no-expiry clear.
+    updated = json_of(serviceai("keys", "update", key["id"], "--tokens-per-minute", "700",
+                                "--all-models", "--expires-in", "30d", "--json"))
+    assert updated["models"] is None and updated["limits"]["tokens_per_minute"] == 700
+    assert updated["limits"]["requests_per_minute"] == 5
+    expires = datetime.fromisoformat(updated["expires_at"])
+    assert timedelta(days=29, hours=23) < expires - datetime.now(UTC) <= timedelta(days=30)
+    code, out, _ = serviceai("keys", "update", key["id"], "--no-expiry")
+    assert code == 0 and "expires: never" in out and "tokens_per_minute 700" in out
+
+    rotated = json_of(serviceai("keys", "rotate", key["id"], "--grace", "0s", "--json"))
+    assert rotated["name"] == "contractor" and rotated["limits"] == updated["limits"]
+    listed = {k["id"]: k for k in json_of(serviceai("keys", "list", "--json"))["data"]}
+    assert listed[key["id"]]["revoked"] is True and listed[rotated["id"]]["revoked"] is False
+
+    for args, message in ((("--expires-in", "soon"), "--expires-in"),
+                          (("--requests-per-minute", "0"), "requests-per-minute"),
+                          (("--expires-in", "1d", "--expires-at", "2099-01-01T00:00:00Z"),
+                           "not both")):
+        code, _, err = serviceai("keys", "create", "--user", "ada@example.com", *args)
+        assert code == EXIT_USAGE and message in err, err
+
+
+def test_a_users_monthly_budget_from_the_cli_and_in_the_usage_report(serviceai):
+    json_of(serviceai("users", "create", "--email", "ada@example.com", "--json"))
+    user = json_of(serviceai("users", "set-budget", "ada@example.com", "--monthly-tokens",
+                             "5000", "--json"))
+    assert user["monthly_tokens"] == 5000
+    report = json_of(serviceai("usage", "--user", "ada@example.com", "--json"))
+    assert report["budget"]["monthly_tokens"] == 5000 and report["budget"]["left"] == 5000
+    code, out, _ = serviceai("usage", "--user", "ada@example.com")
+    assert code == 0 and "0 of 5000 tokens used, 5000 left" in out
+    assert json_of(serviceai("users", "set-budget", "ada@example.com", "--none",
+                             "--json"))["monthly_tokens"] is None
+    code, _, err = serviceai("users", "set-budget", "ada@example.com")
+    assert code == EXIT_USAGE and "--none" in err

@@ -102,6 +102,12 @@ async def test_the_plan_page_shows_todays_usage_against_the_plans_limits(browser
     fast = page[page.index('data-model="ServiceAi-Fast"'):]
     assert re.findall(r'<td class="number">([^<]+)</td>', fast)[:2] == ["0", "0"]
     assert "20,000,000" in fast[:fast.index("</tr>")]
+    assert "Monthly budget" not in page
+    # A monthly budget: what this month's usage took of it (yesterday's too, if this month).
+    await store.update_user("ada@example.com", monthly_tokens=100_000)
+    used = 42 + (2000 if yesterday.month == today().month else 0)
+    page = (await browser.get("/plan")).text
+    assert f"<strong>{used:,}</strong>\n    of 100,000 tokens used, {100_000 - used:,} left" in page
 
 
 async def test_a_plan_the_service_does_not_offer_is_said_plainly(browser, store):
@@ -122,3 +128,32 @@ async def test_security_headers_and_html_errors(browser):
     assert (await browser.get("/static/console.js")).status_code == 200
     root = await browser.client.get("/console/", follow_redirects=False)
     assert root.headers["location"] == "/console/sign-in"
+
+
+async def test_the_key_form_takes_the_apis_scopes_and_the_list_shows_them(browser, store):
+    await browser.sign_up("ada@example.com")
+    later = (today() + timedelta(days=30)).isoformat()
+    created = await browser.submit(
+        "/keys", "/keys", name="scoped", models=["ServiceAi-Coder", "ServiceAi-Fast"],
+        expires_on=later, tokens_per_minute="900", monthly_tokens="50000",
+        requests_per_minute="", concurrent_requests="", tokens_per_day="",
+    )
+    assert created.status_code == 201, created.text
+    [key] = (await store.list_keys("ada@example.com")).data
+    assert key.models == ["ServiceAi-Coder", "ServiceAi-Fast"]
+    assert key.expires_at.date().isoformat() == later and key.monthly_tokens == 50000
+    assert key.limits.tokens_per_minute == 900 and key.limits.requests_per_minute is None
+    page = (await browser.get("/keys")).text
+    assert 'name="models" value="ServiceAi-Coder"' in page  # the form offers each type
+    assert "ServiceAi-Coder, ServiceAi-Fast" in page and "50,000 tokens a month" in page
+    assert "900 tokens per minute" in page and f"expires {later} 00:00 UTC" in page
+
+    plain = await browser.submit("/keys", "/keys", name="plain")
+    assert plain.status_code == 201 and "all of your plan" in plain.text
+
+    for fields, message in (({"tokens_per_day": "0"}, "Tokens per day"),
+                            ({"expires_on": today().isoformat()}, "Expires on"),
+                            ({"models": "GPT-9"}, "no model type")):
+        refused = await browser.submit("/keys", "/keys", name="bad", **fields)
+        assert refused.status_code == 400 and message in refused.text, refused.text
+    assert len((await store.list_keys("ada@example.com")).data) == 2

@@ -38,8 +38,8 @@ async def test_without_an_admin_token_the_admin_api_does_not_exist(store):
 async def test_the_admin_api_is_in_the_openapi_schema(api):
     schema = (await api.get("/openapi.json")).json()
     assert {"/admin/users", "/admin/users/{user}", "/admin/users/{user}/keys", "/admin/keys",
-            "/admin/keys/{key_id}"} <= set(schema["paths"])
-    assert set(schema["paths"]["/admin/keys/{key_id}"]) == {"delete"}
+            "/admin/keys/{key_id}", "/admin/keys/{key_id}/rotate"} <= set(schema["paths"])
+    assert set(schema["paths"]["/admin/keys/{key_id}"]) == {"delete", "patch"}
     assert {"AdminToken", "ApiKey"} <= set(schema["components"]["securitySchemes"])
 
 

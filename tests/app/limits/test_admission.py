@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator
 
 import pytest
 
 from app.accounts.auth import Caller
+from app.accounts.keystore.schemas import KeyLimits
 from app.openai.errors import ApiError
 from app.limits.plans import Plans
 from app.limits.admission import UNLIMITED, RateLimits, duration
@@ -203,3 +205,83 @@ def test_the_default_is_to_fail_open():
 )
 def test_reset_times_read_like_openai_s(seconds, text):
     assert duration(seconds) == text
+
+
+def scoped(**fields) -> Caller:
+    """A caller on the free plan whose key (or user) has the scopes given."""
+    return dataclasses.replace(caller(), **fields)
+
+
+async def test_a_keys_own_limits_apply_with_the_plan_and_the_tighter_wins(limits):
+    who = scoped(key_limits=KeyLimits(requests_per_minute=3, tokens_per_minute=300))
+    first = await limits.admit(who, FAST, 100)
+    # Fast's plan allows 1M tokens a minute; the key 300, so its headers are the key's.
+    assert first.headers["x-ratelimit-limit-tokens"] == "300"
+    assert first.headers["x-ratelimit-remaining-tokens"] == "200"
+    with pytest.raises(ApiError) as exc:  # 100 held, 250 more do not fit the key's 300
+        await limits.admit(who, FAST, 250)
+    error = refused(exc, "tokens", "rate_limit_exceeded")
+    assert "this API key's tokens per minute" in error.message
+    first.settle(5, 20)
+    await limits.close()
+    # Across model types: the key's 3 a minute (the refused request above counted too).
+    second = await limits.admit(who, PRO, 100)
+    second.settle(5, 5)
+    await limits.close()
+    with pytest.raises(ApiError) as exc:
+        await limits.admit(who, FAST, 1)
+    assert "this API key's requests per minute: limit 3" in refused(
+        exc, "requests", "rate_limit_exceeded").message
+    # The plan's windows gave back what the key refused: another key of the user is not held.
+    other = dataclasses.replace(who, key_id="key_other", key_limits=None)
+    assert (await limits.admit(other, PRO, 19_000)).reserved == 19_000
+
+
+async def test_a_keys_concurrency_and_a_plan_tighter_than_the_key(limits):
+    who = scoped(key_limits=KeyLimits(concurrent_requests=1, tokens_per_minute=10**6))
+    await limits.admit(who, FAST, 10)
+    with pytest.raises(ApiError) as exc:
+        await limits.admit(who, FAST, 10)
+    assert "this API key's concurrent requests" in refused(
+        exc, "requests", "rate_limit_exceeded").message
+    loose = scoped(key_limits=KeyLimits(tokens_per_minute=10**6))
+    with pytest.raises(ApiError) as exc:  # Pro's free plan: 20,000 a minute, whatever the key
+        await limits.admit(loose, PRO, 20_001)
+    assert "your plan's" in exc.value.message or "plan" in exc.value.message
+
+
+@pytest.mark.parametrize("whose", ["key", "user"])
+async def test_a_spent_monthly_budget_says_do_not_retry(limits, whose):
+    field = "key_monthly_tokens" if whose == "key" else "user_monthly_tokens"
+    who = scoped(**{field: 1000})
+    (await limits.admit(who, FAST, 600)).settle(50, 600)
+    await limits.close()
+    with pytest.raises(ApiError) as exc:  # 650 used: 400 does not fit the 350 left
+        await limits.admit(who, PRO, 400)
+    error = refused(exc, "insufficient_quota", "insufficient_quota")
+    assert error.headers["x-should-retry"] == "false"
+    owner = "this API key's" if whose == "key" else "your account's"
+    assert f"{owner[0].upper()}{owner[1:]} monthly token budget" in error.message
+    assert "350 of 1000 tokens left this month" in error.message
+    # Without max_tokens the reply is capped at what the budget has left.
+    assert (await limits.admit(who, PRO, None)).reply_cap == 350
+    with pytest.raises(ApiError) as exc:  # a reply that can never fit is refused before
+        limits.check_fits(who, FAST, 1001)
+    assert "monthly tokens (1000)" in exc.value.message
+
+
+async def test_a_budget_starts_from_what_the_key_store_says_was_used(limits):
+    asked: list[tuple[str, str]] = []
+
+    async def monthly_usage(kind: str, owner: str) -> int:
+        asked.append((kind, owner))
+        return 900
+
+    limits._monthly_usage = monthly_usage
+    who = scoped(key_monthly_tokens=1000)
+    with pytest.raises(ApiError) as exc:
+        await limits.admit(who, FAST, 200)
+    assert "100 of 1000" in exc.value.message
+    (await limits.admit(who, FAST, 100)).settle(0, 0)
+    await limits.close()
+    assert asked == [("key", who.key_id)]  # read once per month and replica

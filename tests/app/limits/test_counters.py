@@ -5,6 +5,7 @@ when their replica stops renewing."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from app.accounts.auth import Caller
 from app.limits.admission import RateLimits
 from app.limits.counters import (
     Ask,
+    Budget,
     CounterKeys,
     Counters,
     MemoryCounters,
@@ -139,16 +141,34 @@ async def test_a_reservation_whose_window_ended_is_not_taken_from_the_next(count
 @pytest.mark.parametrize(("reply_tokens", "choices", "longest"),
                          [(None, 1, None), (None, 3, None), (None, 2, 100), (10, 1, None),
                           (700, 2, None), (1000, 1, 50)])
+@pytest.mark.parametrize("budgets", [(), (1500,), (1500, 800)], ids=["", "budget", "budgets"])
 async def test_both_stores_reserve_exactly_what_reservation_says(
-    counters, used, reply_tokens, choices, longest
+    counters, used, reply_tokens, choices, longest, budgets
 ):
     """The Lua script and the memory store against the one function both implement."""
+    keys = dataclasses.replace(KEYS, budgets=tuple(
+        Budget(f"budget/test/{i}/{secrets.token_hex(4)}", limit, 3600)
+        for i, limit in enumerate(budgets)))
     if used:
-        await counters.settle(KEYS, "before", 0, used, same_window=False)
+        await counters.settle(keys, "before", 0, used, same_window=False)
     ask = Ask(2, reply_tokens, choices, longest)
-    seen = await counters.admit(KEYS, "now", ask)
-    assert seen.reserved == reservation(KEYS, ask, 1, 1, used, used)
+    seen = await counters.admit(keys, "now", ask)
+    assert seen.budgets_used == tuple(used for _ in budgets)
+    assert seen.reserved == reservation(keys, ask, 1, 1, used, used, seen.budgets_used)
     assert await counters.in_flight(KEY) == (1 if seen.reserved else 0)
+    if seen.reserved:  # settling replaces the reservation in the budgets too
+        await counters.settle(keys, "now", seen.reserved, 5, same_window=True)
+        after = await counters.admit(keys, "after", ONE)
+        assert after.budgets_used == tuple(used + 5 for _ in budgets)
+
+
+async def test_a_budget_is_seeded_once_and_a_counting_window_is_kept(counters):
+    budget = Budget(f"budget/key/k/{secrets.token_hex(4)}", 1000, 3600)
+    keys = dataclasses.replace(KEYS, budgets=(budget,))
+    await counters.seed(budget.key, 300, budget.expiry_s)
+    await counters.seed(budget.key, 999, budget.expiry_s)  # already counting: kept
+    seen = await counters.admit(keys, "a", Ask(100, reply_tokens=100))
+    assert (seen.budgets_used, seen.reserved) == ((300,), 100)
 
 
 def clock_now() -> float:
@@ -227,7 +247,7 @@ async def test_an_admission_holds_a_lease_until_it_settles_once(limits):
     who = Caller(key_id="key_x", user_id=f"user_{secrets.token_hex(6)}", plan="free")
     first = await limits.admit(who, "ServiceAi-Pro", 10)
     second = await limits.admit(who, "ServiceAi-Pro", 10)
-    key = first._keys.concurrency_key()
+    key = first._holds[0].keys.concurrency_key()
     assert await limits.counters.in_flight(key) == 2
     assert len(limits.leases._held) == 2
     with pytest.raises(ApiError):  # the free plan runs 2 at once

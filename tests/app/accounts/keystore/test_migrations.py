@@ -69,3 +69,47 @@ async def test_upgrading_from_the_first_revision_keeps_existing_keys_working(dat
         assert await verifier.verify(secret) == Caller(key_id="key_old", user_id="user_old", plan="pro")
     finally:
         await upgraded.close()
+
+
+async def test_a_store_of_the_revision_before_key_scopes_upgrades_with_its_keys_intact(
+    database_url: str,
+):
+    """A store as main made it before scopes (revision 0005, with a user, a key and its
+    usage) upgrades: the key works with no scope, its usage stays, scopes can be set."""
+    old = await Database.open(database_url, migrate_to="0005")
+    secret = keygen.issue().secret
+    # Rows as revision 0005's tables hold them, written without today's models.
+    async with old.engine.begin() as connection:
+        created = bindparam("created", datetime(2026, 1, 1, tzinfo=UTC), type_=UtcDateTime())
+        await connection.execute(
+            text("INSERT INTO users (id, email, plan, created_at, session_version) "
+                 "VALUES ('user_old', 'old@example.com', 'pro', :created, 0)").bindparams(created)
+        )
+        await connection.execute(
+            text("INSERT INTO api_keys (id, user_id, key_hash, display, name, created_at) "
+                 "VALUES ('key_old', 'user_old', :hash, :display, 'old', :created)").bindparams(
+                created, hash=keygen.hash_key(secret), display=keygen.display_form(secret)
+            )
+        )
+        await connection.execute(
+            text("INSERT INTO daily_usage (key_id, model_type, day, requests, prompt_tokens, "
+                 "completion_tokens) VALUES ('key_old', 'ServiceAi-Fast', :day, 3, 30, 40)"),
+            {"day": datetime.now(UTC).date()},
+        )
+    await old.close()
+
+    upgraded = await Database.open(database_url)
+    try:
+        assert await current_revisions(upgraded) == [head()]
+        store = KeyStore(upgraded)
+        caller = await KeyVerifier(store).verify(secret)
+        assert caller == Caller(key_id="key_old", user_id="user_old", plan="pro")
+        assert (await store.monthly_tokens("key", "key_old")) == 70
+        assert (await store.monthly_tokens("user", "user_old")) == 70
+        key = await store.get_key("key_old")
+        assert (key.models, key.expires_at, key.monthly_tokens) == (None, None, None)
+        assert (await store.get_user("user_old")).monthly_tokens is None
+        scoped = await store.update_key("key_old", {"models": ["ServiceAi-Coder"]})
+        assert scoped.models == ["ServiceAi-Coder"]
+    finally:
+        await upgraded.close()
