@@ -13,7 +13,7 @@ from ray.serve import Application
 from app.config.service import ServiceConfig
 from app.ingress import Ingress
 from deployments.model_type import ModelTypeConfig
-from deployments.model_server import build_model_app, ensure_local_model
+from deployments.model_server import build_model_app, build_model_type_app, ensure_local_model
 
 
 def build_app(args: dict[str, Any]) -> Application:
@@ -35,6 +35,4 @@ def build_model_type(args: dict[str, Any]) -> Application:
     """
     config = ModelTypeConfig.model_validate(args)
     ensure_local_model(config)
-    # Its deployment is its application's ingress, where Serve refuses a custom request router
-    # under HAProxy: no stream feeds (their router pins them to a replica), streams as before.
-    return build_model_app(config, feeds=False)
+    return build_model_type_app(config)

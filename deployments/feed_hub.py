@@ -4,7 +4,7 @@ Every streamed request is still its own Serve call, routed by Serve, counted as 
 request, subject to the queue limit, cancelled when its client leaves and failed when its
 replica dies. What changes is where its events travel after the first part: once an ingress
 replica has a *feed* open to a model replica (a long-lived Serve call pinned to that replica
-by `FeedRouter`), that replica puts the events of all that ingress's requests on the feed,
+by the request router, deployments.request_router), that replica puts the events of all that ingress's requests on the feed,
 and sends what one engine step produced for all of them as one message. The per-message cost
 of Serve's streaming (serialisation, gRPC, the handle's wrappers, on both sides) is then paid
 once per step instead of once per request per step.
@@ -19,13 +19,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
-from ray.serve.request_router import PendingRequest, RunningReplica
-
-from deployments.ray_internals import DefaultRequestRouter
 from deployments.wire import EngineUnavailable, GenerationError, ReplyPart
 
-FEED_TARGET = "feed_for"
-"""The keyword of a feed call that names the replica it must reach."""
 FEED_IDLE_S = 2.0
 """A feed with no request for this long ends: a draining or idle replica must not be held."""
 FEED_MIN_ONGOING = 32
@@ -38,22 +33,6 @@ class FeedItem(NamedTuple):
 
     key: int
     part: ReplyPart | GenerationError
-
-
-class FeedRouter(DefaultRequestRouter):
-    """Serve's default routing (power of two choices), except that a feed call goes to the
-    replica it names, or nowhere while that replica is gone (the ingress gives up on it)."""
-
-    async def choose_replicas(
-        self,
-        candidate_replicas: list[RunningReplica],
-        pending_request: PendingRequest | None = None,
-    ) -> list[list[RunningReplica]]:
-        target = pending_request.kwargs.get(FEED_TARGET) if pending_request else None
-        if target is None:
-            return await super().choose_replicas(candidate_replicas, pending_request)
-        chosen = [r for r in candidate_replicas if r.replica_id.unique_id == target]
-        return [chosen] if chosen else []
 
 
 class Feed:

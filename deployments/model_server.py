@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from ray import serve
 from ray.serve import Application
@@ -32,7 +33,7 @@ class ModelServer:
     Options come from `ModelTypeConfig.serve_options`; the served model name is the type's.
     """
 
-    async def __init__(self, config: ModelTypeConfig, feeds: bool = True) -> None:
+    async def __init__(self, config: ModelTypeConfig) -> None:
         from deployments.vllm_engine.engine import VllmEngine
 
         collect_less_often()
@@ -51,8 +52,9 @@ class ModelServer:
                 reasoning_parser=config.reasoning_parser,
                 chat_template=config.chat_template,
                 tool_strict_level=config.tool_strict_level,
+                reserved_slots=config.reserved_slots,
             )
-        self._feeds = FeedHub(config.max_ongoing_requests if feeds else 0)
+        self._feeds = FeedHub(config.max_ongoing_requests)
         self._replica = serve.get_replica_context().replica_id.unique_id
         logger.info("%s ready: max_model_len=%d", config.name, self._engine.max_model_len)
 
@@ -117,6 +119,11 @@ class ModelServer:
         """This replica's pid and its engine cores' pids; tests kill them to prove recovery."""
         return os.getpid(), self._engine.core_pids()
 
+    def record_routing_stats(self) -> dict[str, int]:
+        """What the ingress's request router learns of this replica: the size of its prefix
+        cache, in tokens (deployments.request_router)."""
+        return {"cache_tokens": self._engine.cache_tokens()}
+
     async def check_health(self) -> None:
         await self._engine.check_health()
 
@@ -126,10 +133,29 @@ class ModelServer:
             engine.shutdown()
 
 
-def build_model_app(config: ModelTypeConfig, feeds: bool = True) -> Application:
-    """Bind the model deployment of one model type with its Serve options; `feeds`: stream
-    feeds to the ingress (deployments.feed_hub), which need their request router on it."""
-    return ModelServer.options(**config.serve_options(feeds)).bind(config, feeds)
+def build_model_app(config: ModelTypeConfig) -> Application:
+    """Bind the model deployment of one model type with its Serve options."""
+    return ModelServer.options(**config.serve_options()).bind(config)
+
+
+@serve.deployment(
+    name="ModelTypeApp", num_replicas=1, max_surge_percent=100, ray_actor_options={"num_cpus": 0}
+)
+class ModelTypeApp:
+    """The ingress of a model type deployed as an application of its own; it serves nothing.
+
+    Serve (under HAProxy) refuses a custom request router on an application's ingress
+    deployment, and the model deployment needs its own (deployments.request_router): so the
+    model deployment is this one's child, which the service's ingress calls by its name.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+
+
+def build_model_type_app(config: ModelTypeConfig) -> Application:
+    """One model type as an application of its own (serve_config.production.yaml)."""
+    return ModelTypeApp.bind(build_model_app(config))
 
 
 def ensure_local_model(config: ModelTypeConfig) -> Path | None:

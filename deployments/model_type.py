@@ -9,12 +9,13 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
+from deployments.request_router import MAX_IMBALANCE
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = "tiny"
-FEED_ROUTER = "deployments.feed_hub:FeedRouter"
-"""Serve's default routing, plus stream feeds pinned to their replica (deployments.feed_hub)."""
 """The `model` value (also the default) that means: serve the generated tiny test model."""
+REQUEST_ROUTER = "deployments.request_router:ServiceRouter"
+"""Prefix-cache affinity bounded by load, stream feeds pinned (deployments.request_router)."""
 
 
 def validate_autoscaling(value: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -103,9 +104,28 @@ class ModelTypeConfig(BaseModel):
         None, description="A chat template (file path or inline Jinja) replacing the model's own."
     )
 
+    reserved_slots: int | None = Field(
+        None,
+        ge=0,
+        description="With engine_args.scheduling_policy: priority, the engine slots (of "
+        "max_num_seqs) that only requests of priority 0, the first plan's, may take "
+        "(deployments.priority_gate). Default: an eighth, at least one.",
+    )
+
     num_replicas: int | None = Field(None, ge=0)
     autoscaling_config: AutoscalingOptions = None
     max_ongoing_requests: int = Field(64, ge=1)
+    prefix_affinity: bool = Field(
+        True,
+        description="Send each request to the replica most likely to hold its prompt's prefix "
+        "in its cache (deployments.request_router); off: the power of two choices alone.",
+    )
+    max_imbalance: int = Field(
+        MAX_IMBALANCE,
+        ge=1,
+        description="A replica that holds a prefix of the prompt is passed over when it runs "
+        "this many more requests than the least busy replica (deployments.request_router).",
+    )
     max_queued_requests: int = Field(-1, ge=-1)
     num_cpus: float = Field(1.0, ge=0)
     num_gpus_per_shard: float = Field(0, ge=0, le=1)
@@ -162,9 +182,14 @@ class ModelTypeConfig(BaseModel):
         if self.tensor_parallel_size > 1 and self.num_gpus_per_shard != 1:
             raise ValueError("tensor_parallel_size > 1 needs num_gpus_per_shard: 1")
         max_num_seqs = self.engine_args.get("max_num_seqs")
-        if isinstance(max_num_seqs, int) and self.max_ongoing_requests > max_num_seqs:
+        if (
+            isinstance(max_num_seqs, int)
+            and self.max_ongoing_requests > max_num_seqs
+            and self.engine_args.get("scheduling_policy") != "priority"
+        ):
             # Serve would hand the replica requests the engine can only park in its own queue,
-            # where a replica started meanwhile cannot take them over.
+            # where a replica started meanwhile cannot take them over. Under priority
+            # scheduling that queue is the point: it is ordered by plan (priority_gate).
             raise ValueError(
                 f"max_ongoing_requests ({self.max_ongoing_requests}) exceeds the engine's "
                 f"max_num_seqs ({max_num_seqs})"
@@ -178,9 +203,8 @@ class ModelTypeConfig(BaseModel):
             return environ[self.model_env]
         return self.model
 
-    def serve_options(self, feeds: bool = True) -> dict[str, Any]:
-        """Keyword arguments for `Deployment.options()` of this model type's deployment;
-        `feeds`: with the router that pins stream feeds to their replica (deployments.feed_hub)."""
+    def serve_options(self) -> dict[str, Any]:
+        """Keyword arguments for `Deployment.options()` of this model type's deployment."""
         from ray.serve.config import RequestRouterConfig
 
         actor_options: dict[str, Any] = {"num_cpus": self.num_cpus}
@@ -195,9 +219,15 @@ class ModelTypeConfig(BaseModel):
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
             "max_surge_percent": self.max_surge_percent,
             "ray_actor_options": actor_options,
+            "request_router_config": RequestRouterConfig(
+                request_router_class=REQUEST_ROUTER,
+                request_router_kwargs={
+                    "model_type": self.name,
+                    "prefix_affinity": self.prefix_affinity,
+                    "max_imbalance": self.max_imbalance,
+                },
+            ),
         }
-        if feeds:
-            options["request_router_config"] = RequestRouterConfig(request_router_class=FEED_ROUTER)
         if self.autoscaling_config is not None:
             options["autoscaling_config"] = dict(self.autoscaling_config)
         else:

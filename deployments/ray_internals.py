@@ -2,9 +2,8 @@
 
 Ray has no public way to learn, from a handle, how many replicas of a deployment are running
 or whether it scales to zero (`serve.status()` re-serialises the whole application, ~0.2 s of
-CPU per call), nor when Serve gave a call a replica; and its default request router is not
-re-exported. The ingress (app.serving.dispatch) and the model replicas (deployments.feed_hub)
-read them here. Each replica calls `check()` when it starts: a Ray whose internals moved fails
+CPU per call), nor when Serve gave a call a replica. The ingress (app.serving.dispatch) reads
+them here. Each replica calls `check()` when it starts: a Ray whose internals moved fails
 there, naming the attribute, instead of at run time in a log line. Pinned by the exact Ray
 version in pyproject.toml; exercised by tests/e2e/test_stream_lifecycle.py.
 """
@@ -15,15 +14,12 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve._private.request_router.request_router import RequestRouter
 from ray.serve._private.router import AsyncioRouter, RouterMetricsManager, SingletonThreadRouter
 from ray.serve.handle import DeploymentHandle, _DeploymentHandleBase, _DeploymentResponseBase
 
 DeploymentResponseBase = _DeploymentResponseBase
 """What a handle's call returns, whole or streamed."""
-DefaultRequestRouter = PowerOfTwoChoicesRequestRouter
-"""Serve's default routing: the power of two choices."""
 
 READ: dict[type, tuple[str, ...]] = {
     _DeploymentHandleBase: ("_router",),

@@ -47,6 +47,8 @@ class ModelInfo(NamedTuple):
     template_tokens: int = 0
     """The tokens the chat template adds to a conversation with no text (see
     app.serving.pipeline.check_prompt_length)."""
+    priority_scheduling: bool = False
+    """The engine orders requests by `priority` (the caller's plan's, set by the ingress)."""
 
 
 class GenerationError(Exception):

@@ -6,7 +6,9 @@ so changing a plan's numbers is a config change, and moving a user is a store ch
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, RootModel, field_validator, model_validator
 
 from app.accounts.keystore.schemas import PlanName
 
@@ -24,10 +26,33 @@ class ModelTypeLimits(BaseModel):
     )
 
 
+PRIORITY_KEY = "priority"
+DEFAULT_PRIORITY = 0
+
+
 class Plan(RootModel[dict[str, ModelTypeLimits]]):
-    """The limits of a plan by model type name."""
+    """The limits of a plan by model type name, and (under the key `priority`) the plan's
+    priority in the engines: lower is served first, as vLLM orders requests."""
 
     model_config = ConfigDict(frozen=True)
+    _priority: int = PrivateAttr(DEFAULT_PRIORITY)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _with_priority(cls, data: Any, handler: Any) -> Plan:
+        priority = DEFAULT_PRIORITY
+        if isinstance(data, dict) and PRIORITY_KEY in data:
+            data = dict(data)
+            priority = data.pop(PRIORITY_KEY)
+            if type(priority) is not int or not 0 <= priority <= 1000:
+                raise ValueError(f"a plan's priority is a whole number from 0 (first) to 1000, not {priority!r}")
+        plan = handler(data)
+        plan._priority = priority
+        return plan
+
+    @property
+    def priority(self) -> int:
+        return self._priority
 
     def on(self, model_type: str) -> ModelTypeLimits:
         return self.root[model_type]

@@ -3,9 +3,9 @@
 Chat, completions and responses take the same steps in the same order: resolve the model
 type, refuse what cannot be honoured (by name), check the request against the model (the
 reply and the prompt against the context), check that the reply can ever fit the plan,
-admit it, dispatch it, relay the reply (a whole body, or the replica's events as it batched
-them), and on close settle the plan's counters and meter the usage with the engine's token
-counts. An `ApiCall` supplies only what differs between APIs.
+admit it, dispatch it (with the plan's priority where the engine orders by it), relay the
+reply (a whole body, or the replica's events as it batched them), and on close settle the
+plan's counters and meter the usage with the engine's token counts. An `ApiCall` supplies only what differs between APIs.
 """
 
 from __future__ import annotations
@@ -103,6 +103,8 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     longest = admission.reply_length(model.max_model_len)
     if call.reply_limit is None and longest is not None:
         payload[call.cap_field] = longest  # no reply runs past what the plan has left
+    if model.priority_scheduling:
+        payload["priority"] = limits.plan_limits(caller.plan).priority  # the engine's order
     with charged_on_failure(admission, settle):
         if call.stream:
             first, parts = await endpoint.open_stream(call.api, payload)

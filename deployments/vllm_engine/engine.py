@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from starlette.datastructures import State
@@ -23,6 +24,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
+from deployments.priority_gate import PriorityGate
 from deployments.vllm_engine import forced_tool_calls, replies
 from deployments.vllm_engine.completions import ChatApi, CompletionApi
 from deployments.vllm_engine.counting import CountingEngineClient
@@ -95,6 +97,7 @@ class VllmEngine:
         self.reasoning_parser = reasoning_parser
         self.max_model_len: int = engine.model_config.max_model_len
         self.template_tokens = 0
+        self.gate: PriorityGate | None = None
 
     @classmethod
     async def start(
@@ -106,10 +109,13 @@ class VllmEngine:
         reasoning_parser: str | None = None,
         chat_template: str | None = None,
         tool_strict_level: str = "parameter",
+        reserved_slots: int | None = None,
     ) -> VllmEngine:
         """Build the engine and the serving layer, serving the model as `name`; returns once
         the model is loaded. vLLM's engine metrics (vllm:*) go out through Ray's metrics API,
-        beside the ingress's."""
+        beside the ingress's. An engine with `scheduling_policy: priority` admits requests in
+        priority order, `reserved_slots` of its max_num_seqs kept for priority 0
+        (deployments.priority_gate; default an eighth)."""
         args = AsyncEngineArgs(**_for_this_platform(engine_kwargs))
         parser = forced_tool_calls.install(tool_call_parser)
         namespace = frontend_args(
@@ -136,6 +142,11 @@ class VllmEngine:
             name, engine, state, tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser, parser=parser, tool_strict_level=tool_strict_level,
         )
+        scheduler = engine.vllm_config.scheduler_config
+        if scheduler.policy == "priority":
+            slots = scheduler.max_num_seqs
+            reserved = max(1, slots // 8) if reserved_slots is None else reserved_slots
+            served.gate = PriorityGate(slots, reserved)
         try:
             served.template_tokens = await served.prompt_tokens("chat", TEMPLATE_PROBE)
         except GenerationError as exc:
@@ -147,8 +158,17 @@ class VllmEngine:
     def serve(
         self, api: str, body: dict[str, Any], *, batched: bool = True
     ) -> AsyncIterator[ReplyPart]:
-        """A request of `api` ("chat", "completion" or "responses"): see `replies.serve`."""
-        return replies.serve(self._api(api, body), body, batched=batched)
+        """A request of `api` ("chat", "completion" or "responses"): see `replies.serve`;
+        under priority scheduling, once the gate gives it one of the engine's slots."""
+        parts = replies.serve(self._api(api, body), body, batched=batched)
+        if self.gate is None:
+            return parts
+        return self._gated(parts, body.get("priority", 0))
+
+    async def _gated(self, parts: AsyncIterator[ReplyPart], priority: int) -> AsyncIterator[ReplyPart]:
+        async with self.gate.slot(priority), aclosing(parts):
+            async for part in parts:
+                yield part
 
     async def prompt_tokens(self, api: str, body: dict[str, Any]) -> int:
         """The prompt's tokens as the serving layer renders them for generation (the longest
@@ -175,11 +195,17 @@ class VllmEngine:
             self.tool_call_parser,
             self.reasoning_parser,
             self.template_tokens,
+            self.gate is not None,
         )
 
     async def check_health(self) -> None:
         """Raise if the engine core is dead, so that Serve replaces this replica."""
         await self._engine.check_health()
+
+    def cache_tokens(self) -> int:
+        """How many tokens the engine's KV cache (and so its prefix cache) holds."""
+        cache = self._engine.vllm_config.cache_config
+        return (cache.num_gpu_blocks or 0) * cache.block_size
 
     def running_requests(self) -> int:
         return self._engine.output_processor.get_num_unfinished_requests()

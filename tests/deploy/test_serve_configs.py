@@ -112,10 +112,12 @@ def test_a_change_to_one_type_restarts_that_type_only(production):
 
 def test_production_builds_without_gpus_into_options_ray_accepts(production_deployments):
     names = {(d.app, d.name) for d in production_deployments}
+    # Each type's application: a placeholder ingress (Serve refuses a custom request router on
+    # an application's ingress under HAProxy) over the model deployment, with its router.
+    types = ("ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder")
     assert names == {
-        ("ServiceAi-Fast", "ServiceAi-Fast"),
-        ("ServiceAi-Pro", "ServiceAi-Pro"),
-        ("ServiceAi-Coder", "ServiceAi-Coder"),
+        *((name, name) for name in types),
+        *((name, "ModelTypeApp") for name in types),
         ("serviceai", "Ingress"),
     }
     for d in production_deployments:
@@ -142,6 +144,14 @@ def test_tensor_parallel_replica_reserves_one_gpu_bundle_per_shard(
     assert config.engine_kwargs("m")["distributed_executor_backend"] == "ray"
 
 
+def serving(deployments: list) -> list:
+    """The deployments that serve: not the types' placeholder ingresses, which ask for no
+    resource (a GPU node kept for one would defeat scale to zero) and fit on any node."""
+    placeholders = [d for d in deployments if d.name == "ModelTypeApp"]
+    assert all(not any(d.demand().values()) for d in placeholders)
+    return [d for d in deployments if d.name != "ModelTypeApp"]
+
+
 def test_every_replica_fits_exactly_one_node_type(production_deployments, cluster):
     expected = {
         "ServiceAi-Fast": "gpu_l4",
@@ -149,12 +159,12 @@ def test_every_replica_fits_exactly_one_node_type(production_deployments, cluste
         "ServiceAi-Coder": "gpu_l40s",
         "Ingress": "cpu_ingress",
     }
-    for d in production_deployments:
+    for d in serving(production_deployments):
         assert node_type_for(d.demand(), cluster) == [expected[d.name]], d.name
 
 
 def test_cluster_has_room_for_max_replicas_and_the_rollout_surge(production_deployments, cluster):
-    for d in production_deployments:
+    for d in serving(production_deployments):
         (name,) = node_type_for(d.demand(), cluster)
         node_type = cluster["available_node_types"][name]
         per_node = replicas_per_node(d.demand(), node_type["resources"])
@@ -173,9 +183,13 @@ def test_rollouts_keep_old_replicas_until_new_ones_serve(production_deployments)
     assert ingress.config.graceful_shutdown_timeout_s >= longest
 
 
-def test_max_ongoing_requests_matches_the_engines_max_num_seqs(production):
+def test_max_ongoing_requests_leaves_room_to_wait_in_plan_order(production):
     for entry in model_types(production):
-        assert entry["max_ongoing_requests"] == entry["engine_args"]["max_num_seqs"], entry["name"]
+        # Beyond the engine's slots, requests wait in the replica in plan order (priority_gate),
+        # where a replica started meanwhile cannot take them: half as many again at most.
+        assert entry["engine_args"]["scheduling_policy"] == "priority", entry["name"]
+        seqs = entry["engine_args"]["max_num_seqs"]
+        assert seqs < entry["max_ongoing_requests"] <= 1.5 * seqs, entry["name"]
         scaling = entry["autoscaling_config"]
         assert scaling["target_ongoing_requests"] < entry["max_ongoing_requests"], entry["name"]
 

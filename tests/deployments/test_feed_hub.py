@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
 from deployments import feed_hub as feeds
-from deployments.feed_hub import FEED_TARGET, Feed, FeedHub, FeedItem, FeedRouter
+from deployments.feed_hub import Feed, FeedHub, FeedItem
 from deployments.wire import EngineUnavailable, ReplyPart
 
 
@@ -63,16 +62,3 @@ def test_small_replicas_open_no_feeds():
     """A feed takes one of the replica's request slots: not where there are few."""
     assert not FeedHub(max_ongoing_requests=1).accepts
     assert FeedHub(max_ongoing_requests=feeds.FEED_MIN_ONGOING).accepts
-
-
-def replica(unique_id: str) -> SimpleNamespace:
-    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=unique_id))
-
-
-async def test_the_router_sends_a_feed_to_the_replica_it_names_or_nowhere():
-    router = FeedRouter.__new__(FeedRouter)  # the choice needs none of the router's state
-    a, b = replica("a"), replica("b")
-    call = SimpleNamespace(kwargs={FEED_TARGET: "b"})
-    assert await router.choose_replicas([a, b], call) == [[b]]
-    gone = SimpleNamespace(kwargs={FEED_TARGET: "c"})
-    assert await router.choose_replicas([a, b], gone) == []

@@ -3,7 +3,7 @@ from pydantic import ValidationError
 from ray.serve.config import RequestRouterConfig
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
-from deployments.model_type import FEED_ROUTER, TINY_MODEL, ModelTypeConfig, ray_accelerator_types
+from deployments.model_type import REQUEST_ROUTER, TINY_MODEL, ModelTypeConfig, ray_accelerator_types
 from deployments.model_server import ModelServer
 
 
@@ -25,7 +25,12 @@ def test_cpu_defaults():
         "max_surge_percent": 0,
         "ray_actor_options": {"num_cpus": 0.5},
         "num_replicas": 1,
-        "request_router_config": RequestRouterConfig(request_router_class=FEED_ROUTER),
+        "request_router_config": RequestRouterConfig(
+            request_router_class=REQUEST_ROUTER,
+            request_router_kwargs={
+                "model_type": "ServiceAi-Fast", "prefix_affinity": True, "max_imbalance": 8,
+            },
+        ),
     }
 
 

@@ -30,7 +30,9 @@ VLLM_GENERATED = "ray_vllm_generation_tokens_total"
 RATE_LIMITED = "ray_serviceai_rate_limited_total"
 FREE_PRO_RPM = app_args()["plans"]["free"]["ServiceAi-Pro"]["requests_per_minute"]
 GAUGES = ("ray_serviceai_active_streams", "ray_serviceai_queue_depth")
-SERIES_LABELS = ("route", "model_type", "status", "reason", "model_name", "limit", "plan")
+SERIES_LABELS = (
+    "route", "model_type", "status", "reason", "model_name", "limit", "plan", "decision",
+)
 
 
 def scrape(stack: Stack, application: str | None = None) -> Counter:

@@ -34,7 +34,7 @@ def test_ingress_deployed_first_waits_for_its_model_type_application(stack):
 
         status = serve.status().applications
         assert set(status["edge"].deployments) == {"Ingress"}
-        assert set(status["ServiceAi-Fast"].deployments) == {"ServiceAi-Fast"}
+        assert set(status["ServiceAi-Fast"].deployments) == {"ModelTypeApp", "ServiceAi-Fast"}
         # The ingress re-reads replica health every 2 s: a type that has just come up may still
         # be refused with 503 and Retry-After, which the client's own retry honours.
         client = openai.OpenAI(

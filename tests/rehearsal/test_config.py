@@ -63,6 +63,9 @@ def test_every_deployment_fits_a_rehearsal_node_with_room_for_a_surge(tmp_path):
     for built in build_serve_config(path):
         demand = copy.deepcopy(built.demand())
         demand.pop("CPU", None)
+        if built.name == "ModelTypeApp":  # a type application's placeholder: any node will do
+            assert not any(demand.values())
+            continue
         hosts = [n for n in nodes.values()
                  if all({**n.resources, "GPU": n.num_gpus}.get(r, 0) >= 2 * amount for r, amount in demand.items())]
         assert len(hosts) == 1, (built.name, demand, hosts)

@@ -109,7 +109,11 @@ def test_one_place_for_the_models():
 
 def test_model_type_application_is_the_model_deployment_with_its_options():
     fast = dict(app_args()["model_types"][0], max_surge_percent=25)
-    deployment = build_model_type(fast)._bound_deployment
+    placeholder = build_model_type(fast)._bound_deployment
+    # The application's ingress is a placeholder: Serve refuses the model deployment's request
+    # router on an application's ingress under HAProxy.
+    assert placeholder.name == "ModelTypeApp"
+    deployment = placeholder.init_args[0]._bound_deployment
     assert deployment.name == "ServiceAi-Fast"
     assert deployment._deployment_config.max_surge_percent == 25
     assert deployment.init_args[0].name == "ServiceAi-Fast"
@@ -150,3 +154,17 @@ def test_a_config_serving_fewer_types_keeps_the_full_plans():
     args["model_types"] = args["model_types"][:1]
     config = ServiceConfig.model_validate(args)
     assert config.plans.get("free").on("ServiceAi-Fast").requests_per_minute == 1000
+
+
+def test_a_plan_names_its_priority_beside_its_limits():
+    args = app_args()
+    plans = ServiceConfig.model_validate(args).plans
+    assert (plans.get("pro").priority, plans.get("free").priority) == (0, 10)
+    assert "priority" not in plans.get("free").root  # not a model type
+    del args["plans"]["pro"]["priority"]
+    assert ServiceConfig.model_validate(args).plans.get("pro").priority == 0  # the default
+    for wrong in (-1, 1.5, "high", 1001):
+        args["plans"]["pro"]["priority"] = wrong
+        with pytest.raises(ValidationError) as info:
+            ServiceConfig.model_validate(args)
+        assert "a plan's priority is a whole number from 0 (first) to 1000" in str(info.value)

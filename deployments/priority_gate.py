@@ -1,0 +1,78 @@
+"""The engine's slots in plan order, with a few kept for the first plan.
+
+vLLM's priority scheduling orders its *waiting* queue by priority but never frees a running
+slot for a better request: under a flood of low-priority requests, a high-priority one waits
+for the soonest of the running ones to finish (measured in ../shared/FACTS.md: 8.2 s against
+10.1 s). So a replica of a type with `scheduling_policy: priority` admits its requests to the
+engine itself: at most `slots` (the engine's max_num_seqs) at once, the last `reserved` of them
+only for requests of priority `reserved_for` or better, the rest waiting here in (priority,
+arrival) order. A request of the first plan then finds a slot free at once, while the
+others still get all the other slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+
+class PriorityGate:
+    """Admits at most `slots` requests at once; the last `reserved` slots take only requests
+    whose priority is `reserved_for` or lower (lower is first, as in vLLM)."""
+
+    def __init__(self, slots: int, reserved: int, reserved_for: int = 0) -> None:
+        self.slots = slots
+        self.reserved = min(reserved, slots - 1)
+        self.reserved_for = reserved_for
+        self.running = 0
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def limit(self, priority: int) -> int:
+        return self.slots if priority <= self.reserved_for else self.slots - self.reserved
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for _, _, future in self._waiting if not future.done())
+
+    @asynccontextmanager
+    async def slot(self, priority: int) -> AsyncIterator[None]:
+        """Hold one of the engine's slots for the block; wait for one in priority order."""
+        if self._may_start(priority):
+            self.running += 1
+        else:
+            future = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiting, (priority, next(self._order), future))
+            try:
+                await future  # the slot is counted for it when it is granted
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled():
+                    self._release()  # granted as it was cancelled: give it on
+                else:
+                    future.cancel()
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _may_start(self, priority: int) -> bool:
+        self._drop_abandoned()
+        ahead = self._waiting and self._waiting[0][0] <= priority
+        return not ahead and self.running < self.limit(priority)
+
+    def _release(self) -> None:
+        self.running -= 1
+        self._drop_abandoned()
+        while self._waiting and self.running < self.limit(self._waiting[0][0]):
+            _, _, future = heapq.heappop(self._waiting)
+            self.running += 1
+            future.set_result(None)
+            self._drop_abandoned()
+
+    def _drop_abandoned(self) -> None:
+        while self._waiting and self._waiting[0][2].done():
+            heapq.heappop(self._waiting)

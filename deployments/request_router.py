@@ -1,0 +1,247 @@
+"""How the ingress picks a model replica: prefix-cache affinity, bounded by load.
+
+The service is stateless: every turn of a conversation resends the whole history, and vLLM
+skips the prefill of what its prefix cache holds. That cache is per replica, so turn k+1 is
+cheap only on the replica that served turn k. `ServiceRouter` (Serve's public custom-router
+API, one instance per deployment handle, in the ingress process) keeps, per replica, the
+hashes of the leading blocks of the prompts it sent there, and sends a request to the replica
+that holds the longest prefix of its prompt, unless that replica runs `max_imbalance` more
+requests than the least busy one (then it spills to the power of two choices, as a request
+that matches nothing does). /v1/responses with `previous_response_id` needs nothing more:
+the gateway resolves it into the whole conversation, whose prefix is the previous turn's.
+
+What a replica holds ages out as vLLM's cache evicts: least recently used first, within the
+cache's size that the replica reports (`record_routing_stats`), the tail of a prompt before
+its head. Replicas that leave (scale-down, a lost node) take their entries with them.
+
+Stream feeds (deployments.feed_hub) are pinned to the replica they name.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.util.metrics import Counter
+
+FEED_TARGET = "feed_for"
+"""The keyword of a feed call that names the replica it must reach."""
+BLOCK_BYTES = 256
+"""A prompt is hashed in blocks of its serialised text this long (some 50-60 tokens)."""
+BYTES_PER_TOKEN = 4
+"""Serialised prompt text per token, to size a replica's share of the index to its cache."""
+DEFAULT_CACHE_TOKENS = 1 << 20
+"""A replica's cache size until it reports its own."""
+MAX_IMBALANCE = 8
+"""Default: a preferred replica running this many more requests than the least busy one is
+passed over (bench/NOTES.md, "Prefix affinity")."""
+MAX_PENDING = 10_000
+"""Requests chosen for but not yet routed that the router remembers (cancelled ones age out)."""
+AFFINE_METHODS = frozenset({"stream", "reply"})
+"""Calls that fill the replica's cache; the rest (info, prompt_tokens) go anywhere."""
+
+DECISIONS = Counter(
+    "serviceai_router_decisions",
+    description="Model replicas chosen by the ingress, by why: `affinity` (holds a prefix of "
+    "the prompt), `spill` (held one but was too busy), `balance` (no replica held one).",
+    tag_keys=("model_type", "decision"),
+)
+
+
+def prompt_text(api: str, body: dict[str, Any]) -> bytes:
+    """What the engine renders first, serialised in the order it renders it: tools (chat
+    templates put them in the system prompt), then the conversation or prompt."""
+    if api == "chat":
+        head, conversation = body.get("tools"), body.get("messages")
+    elif api == "responses":
+        head, conversation = [body.get("instructions"), body.get("tools")], body.get("input")
+    else:
+        head, conversation = None, body.get("prompt")
+    return orjson.dumps(head) + orjson.dumps(conversation)
+
+
+def block_hashes(text: bytes) -> list[int]:
+    """Chained hashes of the text's blocks: the i-th names the whole prefix up to block i, so
+    one lookup tells whether a replica holds that much of it."""
+    hashes = []
+    chained = 0
+    for start in range(0, len(text), BLOCK_BYTES):
+        chained = hash((chained, text[start : start + BLOCK_BYTES]))
+        hashes.append(chained)
+    return hashes
+
+
+def blocks_for(cache_tokens: int) -> int:
+    return max(1, cache_tokens * BYTES_PER_TOKEN // BLOCK_BYTES)
+
+
+DEFAULT_CAPACITY = blocks_for(DEFAULT_CACHE_TOKENS)
+
+
+class PrefixIndex:
+    """Which replica holds which prompt prefixes, each replica's least recently used first."""
+
+    def __init__(self) -> None:
+        self._held: dict[ReplicaID, OrderedDict[int, None]] = {}
+        self._owners: dict[int, set[ReplicaID]] = {}
+        self._capacity: dict[ReplicaID, int] = {}
+
+    def longest(self, hashes: list[int], candidates: set[ReplicaID]) -> tuple[int, set[ReplicaID]]:
+        """The most blocks of `hashes` any candidate holds, and the candidates that do."""
+        owners = self._owners
+        for depth in range(len(hashes), 0, -1):
+            held_by = owners.get(hashes[depth - 1])
+            if held_by:
+                found = held_by & candidates
+                if found:
+                    return depth, found
+        return 0, set()
+
+    def add(self, replica: ReplicaID, hashes: list[int]) -> None:
+        """The replica now holds this prompt; its head is used last, so evicted last."""
+        held = self._held.setdefault(replica, OrderedDict())
+        for block in reversed(hashes):
+            if block in held:
+                held.move_to_end(block)
+            else:
+                held[block] = None
+                self._owners.setdefault(block, set()).add(replica)
+        over = len(held) - self._capacity.get(replica, DEFAULT_CAPACITY)
+        for _ in range(max(0, over)):
+            block, _ = held.popitem(last=False)
+            self._forget(block, replica)
+
+    def size(self, replica: ReplicaID, cache_tokens: int) -> None:
+        """The replica's cache holds this many tokens: it keeps as many blocks' worth."""
+        self._capacity[replica] = blocks_for(cache_tokens)
+
+    def drop(self, replica: ReplicaID) -> None:
+        self._capacity.pop(replica, None)
+        for block in self._held.pop(replica, ()):
+            self._forget(block, replica)
+
+    def replicas(self) -> set[ReplicaID]:
+        return set(self._held)
+
+    def blocks(self, replica: ReplicaID) -> int:
+        return len(self._held.get(replica, ()))
+
+    def _forget(self, block: int, replica: ReplicaID) -> None:
+        owners = self._owners.get(block)
+        if owners is not None:
+            owners.discard(replica)
+            if not owners:
+                del self._owners[block]
+
+
+class Routing:
+    """What the router knows of one request it has not routed yet."""
+
+    __slots__ = ("hashes", "decision")
+
+    def __init__(self, hashes: list[int]) -> None:
+        self.hashes = hashes
+        self.decision = "balance"
+
+
+class ServiceRouter(RequestRouter):
+    """Prefix affinity bounded by load; the power of two choices for the rest; feeds pinned."""
+
+    def initialize_state(
+        self, model_type: str = "", prefix_affinity: bool = True, max_imbalance: int = MAX_IMBALANCE
+    ) -> None:
+        self._model_type = model_type
+        self._affinity = prefix_affinity
+        self._max_imbalance = max_imbalance
+        self._index = PrefixIndex()
+        self._pending: OrderedDict[str, Routing] = OrderedDict()
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if pending_request is None:
+            return [two_choices(candidate_replicas)]
+        target = pending_request.kwargs.get(FEED_TARGET)
+        if target is not None:
+            chosen = [r for r in candidate_replicas if r.replica_id.unique_id == target]
+            return [chosen] if chosen else []
+        routing = self._routing(pending_request)
+        if routing is None:
+            return [two_choices(candidate_replicas)]
+        by_id = {r.replica_id: r for r in candidate_replicas}
+        depth, holders = self._index.longest(routing.hashes, set(by_id))
+        if not depth:
+            routing.decision = "balance"
+            return [two_choices(candidate_replicas)]
+        loads = self._loads(candidate_replicas)
+        least = min(loads.values(), default=0)
+        preferred = [by_id[r] for r in holders if loads.get(r, least) - least < self._max_imbalance]
+        if not preferred:
+            routing.decision = "spill"
+            return [two_choices(candidate_replicas)]
+        routing.decision = "affinity"
+        # A preferred replica that is full is passed over for the next rank at once.
+        return [preferred, two_choices(candidate_replicas)]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        routing = self._pending.pop(pending_request.metadata.internal_request_id, None)
+        if routing is None:
+            return
+        self._index.add(replica_id, routing.hashes)
+        # Counted where a preferred replica that was full gave way to the next rank too.
+        DECISIONS.inc(tags={"model_type": self._model_type, "decision": routing.decision})
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        current = {r.replica_id for r in replicas}
+        for replica in replicas:
+            cache_tokens = (replica.routing_stats or {}).get("cache_tokens")
+            if cache_tokens:
+                self._index.size(replica.replica_id, cache_tokens)
+        for gone in self._index.replicas() - current:
+            self._index.drop(gone)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._index.drop(replica_id)
+
+    def _routing(self, pending_request: PendingRequest) -> Routing | None:
+        """The prompt's block hashes and the decision so far, kept until the request is
+        routed (a request is chosen for again while the replicas it may take are full)."""
+        request_id = pending_request.metadata.internal_request_id
+        routing = self._pending.get(request_id)
+        if routing is not None:
+            return routing
+        args = pending_request.args
+        if (
+            not self._affinity
+            or pending_request.metadata.call_method not in AFFINE_METHODS
+            or len(args) < 2
+        ):
+            return None
+        routing = self._pending[request_id] = Routing(block_hashes(prompt_text(args[0], args[1])))
+        if len(self._pending) > MAX_PENDING:  # requests cancelled before they were routed
+            self._pending.popitem(last=False)
+        return routing
+
+    def _loads(self, replicas: list[RunningReplica]) -> dict[ReplicaID, int]:
+        """Requests running on each replica, as far as this handle knows (unknown: left out)."""
+        cache = self.replica_queue_len_cache
+        loads = {}
+        for replica in replicas:
+            queue_len = cache.get(replica.replica_id)
+            if queue_len is not None:
+                loads[replica.replica_id] = queue_len
+        return loads
+
+
+def two_choices(replicas: list[RunningReplica]) -> list[RunningReplica]:
+    """Two replicas at random: Serve sends the request to the less busy one."""
+    return random.sample(replicas, 2) if len(replicas) > 2 else list(replicas)

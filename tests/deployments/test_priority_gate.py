@@ -1,0 +1,69 @@
+"""The engine's slots in plan order, the last ones kept for the first plan."""
+
+from __future__ import annotations
+
+import asyncio
+
+from deployments.priority_gate import PriorityGate
+
+
+async def hold(gate: PriorityGate, priority: int, started: list[int], release: asyncio.Event) -> None:
+    async with gate.slot(priority):
+        started.append(priority)
+        await release.wait()
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_low_priorities_leave_the_reserved_slots_free():
+    gate = PriorityGate(slots=4, reserved=1)
+    started: list[int] = []
+    release = asyncio.Event()
+    flood = [asyncio.ensure_future(hold(gate, 10, started, release)) for _ in range(6)]
+    await settle()
+    assert started == [10, 10, 10] and gate.waiting == 3
+    first = asyncio.ensure_future(hold(gate, 0, started, release))
+    await settle()
+    assert started == [10, 10, 10, 0]  # the reserved slot, at once
+    release.set()
+    await asyncio.gather(*flood, first)
+    assert started.count(10) == 6 and gate.running == 0
+
+
+async def test_waiting_requests_start_in_priority_then_arrival_order():
+    gate = PriorityGate(slots=1, reserved=0)
+    started: list[int] = []
+    releases = [asyncio.Event() for _ in range(5)]
+
+    async def one(priority: int, release: asyncio.Event) -> None:
+        async with gate.slot(priority):
+            started.append(priority)
+            await release.wait()
+
+    tasks = [asyncio.ensure_future(one(p, r)) for p, r in zip([5, 9, 1, 5, 0], releases)]
+    await settle()
+    assert started == [5]
+    for index in (0, 4, 2, 3, 1):  # release each as it holds the slot
+        releases[index].set()
+        await settle()
+    await asyncio.gather(*tasks)
+    assert started == [5, 0, 1, 5, 9]
+
+
+async def test_a_request_that_leaves_while_waiting_gives_nothing_up():
+    gate = PriorityGate(slots=1, reserved=0)
+    started: list[int] = []
+    release = asyncio.Event()
+    running = asyncio.ensure_future(hold(gate, 1, started, release))
+    await settle()
+    leaving = asyncio.ensure_future(hold(gate, 0, started, release))
+    after = asyncio.ensure_future(hold(gate, 2, started, release))
+    await settle()
+    leaving.cancel()
+    await settle()
+    release.set()
+    await asyncio.gather(running, after)
+    assert started == [1, 2] and gate.running == 0 and gate.waiting == 0

@@ -1,0 +1,149 @@
+"""The ingress's choice of model replica: prefix affinity, bounded by load; feeds pinned."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import NamedTuple
+
+import pytest
+
+from deployments import request_router
+from deployments.request_router import (
+    BLOCK_BYTES,
+    FEED_TARGET,
+    PrefixIndex,
+    ServiceRouter,
+    block_hashes,
+    prompt_text,
+)
+
+
+class ReplicaKey(NamedTuple):
+    """Stands for Serve's ReplicaID: hashable, with its `unique_id`."""
+
+    unique_id: str
+
+
+def replica(name: str) -> SimpleNamespace:
+    return SimpleNamespace(replica_id=ReplicaKey(name), routing_stats={})
+
+
+class Router(ServiceRouter):
+    """The router's choices without Serve's machinery: queue lengths are what the test says."""
+
+    replica_queue_len_cache = None  # Serve's property, replaced by the test's own lengths
+
+    def __init__(self, max_imbalance: int = 4) -> None:
+        self.initialize_state(model_type="T", max_imbalance=max_imbalance)
+        self.replica_queue_len_cache = {}
+        self.counted: list[str] = []
+
+    def routed(self, request: SimpleNamespace, chosen: SimpleNamespace) -> None:
+        self.on_request_routed(request, chosen.replica_id, None)
+
+
+def chat(*turns: str, request_id: str = "r") -> SimpleNamespace:
+    messages = [{"role": "system", "content": "s" * 2000}]
+    messages += [{"role": "user", "content": turn} for turn in turns]
+    return SimpleNamespace(
+        args=("chat", {"messages": messages}),
+        kwargs={},
+        metadata=SimpleNamespace(internal_request_id=request_id, call_method="stream"),
+    )
+
+
+@pytest.fixture(autouse=True)
+def decisions(monkeypatch):
+    counted: list[str] = []
+    monkeypatch.setattr(
+        request_router, "DECISIONS", SimpleNamespace(inc=lambda tags: counted.append(tags["decision"]))
+    )
+    return counted
+
+
+def test_a_longer_conversation_shares_the_hashes_of_its_head():
+    first = block_hashes(prompt_text("chat", chat("hello").args[1]))
+    longer = block_hashes(prompt_text("chat", chat("hello", "and more " * 100).args[1]))
+    assert len(first) > 2 and len(longer) > len(first)
+    # The last block of the shorter one holds the closing bracket; all before it match.
+    assert longer[: len(first) - 1] == first[:-1]
+
+
+def test_every_api_hashes_what_its_engine_renders_first():
+    assert prompt_text("completion", {"prompt": "abc"}) == b'null"abc"'
+    responses = prompt_text("responses", {"instructions": "be brief", "input": "hi"})
+    assert responses.startswith(b'["be brief",null]')
+
+
+def test_the_index_finds_the_longest_prefix_and_forgets_tails_first():
+    index = PrefixIndex()
+    a, b = "a", "b"
+    index.add(a, [1, 2, 3])
+    index.add(b, [1, 2])
+    assert index.longest([1, 2, 3, 4], {a, b}) == (3, {a})
+    assert index.longest([1, 2, 9], {a, b}) == (2, {a, b})
+    assert index.longest([1, 2, 3], {b}) == (2, {b})
+    assert index.longest([7], {a, b}) == (0, set())
+    index.size(a, cache_tokens=2 * BLOCK_BYTES // request_router.BYTES_PER_TOKEN)
+    index.add(a, [1, 2, 3])  # over its cache: the tail goes, the head stays
+    assert index.blocks(a) == 2
+    assert index.longest([1, 2, 3], {a}) == (2, {a})
+    index.drop(a)
+    assert index.longest([1, 2, 3], {a, b}) == (2, {b})
+    assert index.replicas() == {b}
+
+
+async def test_a_conversation_returns_to_the_replica_that_holds_it(decisions):
+    router = Router()
+    replicas = [replica(name) for name in "abcd"]
+    first = chat("hello", request_id="1")
+    [pair] = await router.choose_replicas(replicas, first)
+    router.routed(first, pair[0])
+    second = chat("hello", "more", request_id="2")
+    ranks = await router.choose_replicas(replicas, second)
+    assert ranks[0] == [pair[0]] and len(ranks[1]) == 2
+    router.routed(second, pair[0])
+    assert decisions == ["balance", "affinity"]
+
+
+async def test_a_busy_holder_spills_to_the_least_busy(decisions):
+    router = Router(max_imbalance=4)
+    a, b = replica("a"), replica("b")
+    first = chat("hello", request_id="1")
+    await router.choose_replicas([a, b], first)
+    router.routed(first, a)
+    router.replica_queue_len_cache.update({a.replica_id: 5, b.replica_id: 1})
+    second = chat("hello", "more " * 100, request_id="2")
+    assert (await router.choose_replicas([a, b], second))[0] in ([a, b], [b, a])
+    router.routed(second, b)
+    router.replica_queue_len_cache.update({a.replica_id: 4, b.replica_id: 1})
+    third = chat("hello", "more " * 100, "again", request_id="3")
+    # b holds more of it; a, less busy than the bound now, holds only its head.
+    assert (await router.choose_replicas([a, b], third))[0] == [b]
+    router.routed(third, b)
+    assert decisions == ["balance", "spill", "affinity"]
+
+
+async def test_replicas_that_leave_take_their_entries_with_them():
+    router = Router()
+    a, b = replica("a"), replica("b")
+    first = chat("hello", request_id="1")
+    await router.choose_replicas([a, b], first)
+    router.routed(first, a)
+    router._index.drop(a.replica_id)  # as update_replicas does for a replica gone
+    second = chat("hello", request_id="2")
+    ranks = await router.choose_replicas([b], second)
+    assert ranks == [[b]]
+
+
+async def test_other_calls_go_anywhere_and_feeds_to_the_replica_they_name():
+    router = Router()
+    a, b = replica("a"), replica("b")
+    info = SimpleNamespace(
+        args=(), kwargs={}, metadata=SimpleNamespace(internal_request_id="i", call_method="info")
+    )
+    assert sorted(r.replica_id.unique_id for r in (await router.choose_replicas([a, b], info))[0]) == ["a", "b"]
+    feed = SimpleNamespace(args=("ingress",), kwargs={FEED_TARGET: "b"}, metadata=info.metadata)
+    assert await router.choose_replicas([a, b], feed) == [[b]]
+    gone = SimpleNamespace(args=("ingress",), kwargs={FEED_TARGET: "c"}, metadata=info.metadata)
+    assert await router.choose_replicas([a, b], gone) == []
