@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install browser run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway \
+.PHONY: install browser run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority \
 	lock clean cluster-up cluster-down
 
 install: $(STAMP)
@@ -72,6 +72,14 @@ bench-gpu:
 # The same, then Ray Serve LLM (defaults, and direct streaming) against the same bare server.
 bench-ray-llm: install
 	$(BIN)/python -m bench.run serving --ray-llm
+
+# 64 conversations x 6 turns on 1, 2 and 4 replicas: power of two, our router, Ray's (~40 min).
+bench-affinity: install
+	$(BIN)/python -m bench.prefix_affinity
+
+# A free flood and a pro trickle on 8 engine slots: fcfs, priority, priority with a reserve (~6 min).
+bench-priority: install
+	$(BIN)/python -m bench.priority
 
 # One-token replies at concurrency 1 and 64, with a CPU profile of each Serve process.
 bench-gateway: install

@@ -22,12 +22,22 @@ ENGINE_CPUS = 0.5
 def build_app(args: dict[str, Any]) -> Application:
     from ray.serve.llm import LLMConfig, build_openai_app
 
-    engine_bundle = {"CPU": ENGINE_CPUS, "GPU": 1} if args.get("gpu") else {"CPU": ENGINE_CPUS}
+    replicas = args.get("num_replicas", 1)
+    cpus = ENGINE_CPUS / replicas  # as many replicas as the benchmark asks, on the same cores
+    engine_bundle = {"CPU": cpus, "GPU": 1} if args.get("gpu") else {"CPU": cpus}
+    deployment: dict[str, Any] = {
+        "num_replicas": replicas, "max_ongoing_requests": args["max_ongoing_requests"],
+    }
+    engine_kwargs = dict(args["engine_args"])
+    if args.get("request_router"):
+        # Ray's prefix-aware router (bench/prefix_affinity.py), reporting cached tokens as ours.
+        deployment["request_router_config"] = {"request_router_class": args["request_router"]}
+        engine_kwargs["enable_prompt_tokens_details"] = True
     config = LLMConfig(
         model_loading_config={"model_id": args["model_id"], "model_source": args["model_dir"]},
-        engine_kwargs=args["engine_args"],
+        engine_kwargs=engine_kwargs,
         placement_group_config={"bundles": [engine_bundle]},
-        deployment_config={"num_replicas": 1, "max_ongoing_requests": args["max_ongoing_requests"]},
+        deployment_config=deployment,
     )
     serving: dict[str, Any] = {"llm_configs": [config]}
     if os.environ.get("RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING") != "1":

@@ -111,14 +111,16 @@ def service_model_type(target: BenchTarget) -> dict[str, Any]:
     return model_type
 
 
-def service_config(target: BenchTarget, port: int) -> dict[str, Any]:
-    """serve_config.yaml as the benchmark runs it: the benchmarked type alone, on `port`."""
+def service_config(target: BenchTarget, port: int, model_type: dict[str, Any] | None = None,
+                   plans: dict[str, Any] | None = None) -> dict[str, Any]:
+    """serve_config.yaml as the benchmark runs it: the benchmarked type alone, on `port`, with
+    the settings in `model_type` on top (and `plans` instead of one generous free plan)."""
     config = yaml.safe_load(SERVE_CONFIG.read_text())
     config["http_options"]["port"] = port
     [app] = config["applications"]
-    app["args"]["model_types"] = [service_model_type(target)]
+    app["args"]["model_types"] = [{**service_model_type(target), **(model_type or {})}]
     # Every request still passes the rate-limit check (its cost is measured), never refused.
-    app["args"]["plans"] = {"free": {BENCH_TYPE: BENCH_LIMITS}}
+    app["args"]["plans"] = plans or {"free": {BENCH_TYPE: BENCH_LIMITS}}
     return config
 
 
@@ -211,21 +213,24 @@ def bare_vllm(target: BenchTarget, port: int, log_dir: Path) -> Iterator[Server]
 
 
 @contextmanager
-def serviceai(target: BenchTarget, port: int, log_dir: Path,
-              extra_env: dict[str, str]) -> Iterator[Server]:
-    """This service as `make run` starts it (`serve run`), with only the benchmarked model type."""
-    config = service_config(target, port)
+def serviceai(target: BenchTarget, port: int, log_dir: Path, extra_env: dict[str, str],
+              model_type: dict[str, Any] | None = None, log_name: str = "serviceai.log",
+              plans: dict[str, Any] | None = None) -> Iterator[Server]:
+    """This service as `make run` starts it (`serve run`), with only the benchmarked model type
+    (and the settings in `model_type` on top of the profile's, the `plans` if given)."""
+    config = service_config(target, port, model_type, plans)
     ray_tmp = Path(tempfile.mkdtemp(prefix="saib-", dir="/tmp"))
     runtime = cluster_env(ray_tmp / "h", free_port)
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **runtime, **extra_env}
     api_key = _provision_key(env, ray_tmp)
     server = Server("ServiceAi", f"http://127.0.0.1:{port}", api_key, BENCH_TYPE, ray_tmp)
-    with _serve_run(server, config, env, log_dir / "serviceai.log", target.start_timeout_s):
+    with _serve_run(server, config, env, log_dir / log_name, target.start_timeout_s):
         yield server
 
 
 @contextmanager
-def ray_serve_llm(target: BenchTarget, port: int, log_dir: Path, direct: bool) -> Iterator[Server]:
+def ray_serve_llm(target: BenchTarget, port: int, log_dir: Path, direct: bool,
+                  replicas: int = 1, request_router: str | None = None) -> Iterator[Server]:
     """Ray's own `ray.serve.llm` (bench/ray_serve_llm.py) on the same model and engine arguments.
 
     Default: Ray's defaults (Python proxy, handle streaming from the LLM server to its OpenAI
@@ -236,6 +241,7 @@ def ray_serve_llm(target: BenchTarget, port: int, log_dir: Path, direct: bool) -
         "model_id": BENCH_TYPE, "model_dir": target.model_path(),
         "engine_args": target.engine_args, "gpu": target.gpu,
         "max_ongoing_requests": service_model_type(target)["max_ongoing_requests"],
+        "num_replicas": replicas, "request_router": request_router,
     }
     config = {
         "proxy_location": "HeadOnly",
@@ -279,11 +285,16 @@ def _serve_run(server: Server, config: dict[str, Any], env: dict[str, str], log:
 def _provision_key(env: dict[str, str], folder: Path) -> str:
     """A key the started service accepts: a fresh SQLite key store in `folder`, one user, one key."""
     env["SERVICEAI_DATABASE_URL"] = f"sqlite+aiosqlite:///{folder / 'keys.db'}"
+    return provision_key(env["SERVICEAI_DATABASE_URL"], "bench@serviceai.local")
+
+
+def provision_key(database_url: str, email: str, plan: str = "free") -> str:
+    """A new user on `plan` in the key store at `database_url`, and a key of theirs."""
 
     async def issue() -> str:
-        store = await open_store(Settings(database_url=env["SERVICEAI_DATABASE_URL"]))
+        store = await open_store(Settings(database_url=database_url))
         try:
-            user = await store.create_user("bench@serviceai.local")
+            user = await store.create_user(email, plan)
             return (await store.create_key(user.id, "bench")).key
         finally:
             await store.database.close()

@@ -1,0 +1,183 @@
+"""Multi-turn chat across replicas: what prefix-cache affinity is worth (`make bench-affinity`).
+
+64 conversations of 6 turns, each with its own ~1k-token system prompt and a growing history
+(every turn resends the whole conversation, as OpenAI clients do), 8 conversations at a time,
+on the tiny model with the local profile's engine arguments. One run measures, side by side:
+ServiceAi-Fast at one replica (the reference: all of a conversation is on one cache), then at
+2 and 4 replicas with the power of two choices (`prefix_affinity: false`), with this service's
+router (deployments.request_router), and Ray Serve LLM with its `PrefixCacheAffinityRouter`.
+Per setup: the share of turns 2+'s prompt tokens served from cache
+(`usage.prompt_tokens_details.cached_tokens`), their TTFT p50/p99, and the throughput.
+Results: bench/results/<stamp>-affinity.json and a table on stdout (bench/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.run import RESULTS
+from bench.servers import BENCH_TYPE, BenchTarget, Server, bench_target, free_port, ray_serve_llm, serviceai
+
+CONVERSATIONS = 64
+TURNS = 6
+IN_FLIGHT = 8
+SYSTEM_WORDS = 500  # the tiny model's tokenizer: about 1,000 tokens
+USER_WORDS = 15
+MAX_TOKENS = 24
+RAY_ROUTER = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
+
+
+@dataclass
+class Turn:
+    turn: int
+    ttft_s: float
+    total_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+def words(rng: random.Random, count: int) -> str:
+    return " ".join(f"{rng.choice('bcdfghjklmnpqrstvwxz')}{rng.randrange(10_000)}" for _ in range(count))
+
+
+async def one_turn(client: httpx.AsyncClient, server: Server, messages: list[dict]) -> tuple[Turn, str]:
+    body = {
+        "model": server.model, "messages": messages, "max_tokens": MAX_TOKENS,
+        "stream": True, "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    first = None
+    text: list[str] = []
+    usage = None
+    async with client.stream("POST", f"{server.base_url}/v1/chat/completions", json=body,
+                             headers={"Authorization": f"Bearer {server.api_key}"}) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices"):
+                if first is None:
+                    first = time.perf_counter()
+                text.append(chunk["choices"][0]["delta"].get("content") or "")
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    done = time.perf_counter()
+    details = usage.get("prompt_tokens_details") or {}
+    turn = Turn(0, (first or done) - started, done - started, usage["prompt_tokens"],
+                details.get("cached_tokens") or 0, usage["completion_tokens"])
+    return turn, "".join(text)
+
+
+async def conversation(client: httpx.AsyncClient, server: Server, seed: int) -> list[Turn]:
+    rng = random.Random(seed)
+    messages = [{"role": "system", "content": words(rng, SYSTEM_WORDS)}]
+    turns = []
+    for number in range(TURNS):
+        messages.append({"role": "user", "content": words(rng, USER_WORDS)})
+        turn, reply = await one_turn(client, server, messages)
+        turn.turn = number
+        turns.append(turn)
+        messages.append({"role": "assistant", "content": reply})
+    return turns
+
+
+async def workload(server: Server) -> dict[str, float]:
+    gate = asyncio.Semaphore(IN_FLIGHT)
+    async with httpx.AsyncClient(timeout=600) as client:
+        # One conversation first, to warm what every server compiles on its first request.
+        await conversation(client, server, seed=-1)
+
+        async def gated(seed: int) -> list[Turn]:
+            async with gate:
+                return await conversation(client, server, seed)
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(gated(seed) for seed in range(CONVERSATIONS)))
+        wall = time.perf_counter() - started
+    turns = [t for conversation_turns in results for t in conversation_turns]
+    later = [t for t in turns if t.turn > 0]
+    ttfts = sorted(t.ttft_s for t in later)
+    return {
+        "cached_share": sum(t.cached_tokens for t in later) / sum(t.prompt_tokens for t in later),
+        "ttft_p50_ms": 1000 * statistics.median(ttfts),
+        "ttft_p99_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+        "requests_per_s": len(turns) / wall,
+        "output_tokens_per_s": sum(t.completion_tokens for t in turns) / wall,
+        "prompt_tokens_mean": statistics.mean(t.prompt_tokens for t in later),
+        "wall_s": wall,
+    }
+
+
+def setups(target: BenchTarget, log_dir: Path, replicas: list[int]
+           ) -> list[tuple[str, Callable[[], AbstractContextManager[Server]]]]:
+    def ours(count: int, affinity: bool) -> Callable[[], AbstractContextManager[Server]]:
+        settings = {"num_replicas": count, "num_cpus": 0.25, "prefix_affinity": affinity}
+        name = f"serviceai-{count}-{'affinity' if affinity else 'pow2'}.log"
+        return lambda: serviceai(target, free_port(), log_dir, {}, settings, name)
+
+    def rays(count: int) -> Callable[[], AbstractContextManager[Server]]:
+        return lambda: ray_serve_llm(target, free_port(), log_dir, direct=False,
+                                     replicas=count, request_router=RAY_ROUTER)
+
+    plan = [("ServiceAi, 1 replica", ours(1, True))]
+    for count in replicas:
+        plan += [
+            (f"ServiceAi, {count} replicas, power of two", ours(count, False)),
+            (f"ServiceAi, {count} replicas, prefix affinity", ours(count, True)),
+            (f"Ray Serve LLM, {count} replicas, PrefixCacheAffinityRouter", rays(count)),
+        ]
+    return plan
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    lines = [
+        "| setup | cached share, turns 2+ | TTFT p50 / p99, turns 2+ (ms) | requests/s | output tok/s |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {100 * r['cached_share']:.0f}% | {r['ttft_p50_ms']:.0f} / "
+            f"{r['ttft_p99_ms']:.0f} | {r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", default="2,4", help="replica counts, comma-separated")
+    args = parser.parse_args()
+    target = bench_target(None, {}, [IN_FLIGHT], gpu=False)
+    log_dir = Path(tempfile.mkdtemp(prefix="sai-affinity-"))
+    results: dict[str, dict[str, float]] = {}
+    for name, start in setups(target, log_dir, [int(n) for n in args.replicas.split(",")]):
+        print(f"{name} ...", flush=True)
+        with start() as server:
+            results[name] = asyncio.run(workload(server))
+        print(f"  {results[name]}", flush=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "workload": {"conversations": CONVERSATIONS, "turns": TURNS, "in_flight": IN_FLIGHT,
+                     "system_words": SYSTEM_WORDS, "max_tokens": MAX_TOKENS, "model_type": BENCH_TYPE},
+        "results": results, "logs": str(log_dir),
+    }
+    (RESULTS / f"{stamp}-affinity.json").write_text(json.dumps(summary, indent=2))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
