@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -40,13 +40,19 @@ from app.accounts.keystore.schemas import (
 )
 from app.accounts.keystore.tables import ApiKeyRow, DailyUsageRow, UserRow
 from app.accounts.keystore.usage import (
+    DailyTotal,
+    TopKey,
+    TopUser,
     UsageCount,
     UsageKey,
     add_rows,
     add_statement,
+    daily_totals_query,
     default_range,
     record_of,
     today,
+    top_keys_query,
+    top_users_query,
     usage_query,
 )
 
@@ -171,6 +177,14 @@ class KeyStore:
             if end_sessions:
                 row.session_version = UserRow.session_version + 1
         return await self.get_user(row.id)
+
+    async def emails(self, user_ids: Collection[str]) -> dict[str, str]:
+        """The email of each of these users (by id), in one query."""
+        if not user_ids:
+            return {}
+        query = select(UserRow.id, UserRow.email).where(UserRow.id.in_(list(user_ids)))
+        async with self.database.connection() as connection:
+            return dict((await connection.execute(query)).all())
 
     async def session_version(self, user_id: str) -> int | None:
         """The version a console session of this user must carry; None for no such user."""
@@ -447,6 +461,29 @@ class KeyStore:
             month=today().strftime("%Y-%m"), monthly_tokens=limit, used=used,
             left=max(0, limit - used),
         )
+
+    async def daily_totals(
+        self, start: date, end: date, *, user_id: str | None = None
+    ) -> list[DailyTotal]:
+        """Usage per UTC day and model type from `start` to `end`, of everyone or one user,
+        summed in the database (what the console's charts draw)."""
+        async with self.database.connection() as connection:
+            rows = await connection.execute(daily_totals_query(start, end, user_id))
+            return [DailyTotal(day, model, int(r), int(p), int(c)) for day, model, r, p, c in rows]
+
+    async def top_users(self, start: date, end: date, limit: int = 10) -> list[TopUser]:
+        """The users who used the most tokens from `start` to `end`."""
+        async with self.database.connection() as connection:
+            rows = await connection.execute(top_users_query(start, end, limit))
+            return [TopUser(u, e, int(r), int(t)) for u, e, r, t in rows]
+
+    async def top_keys(
+        self, start: date, end: date, limit: int = 10, *, user_id: str | None = None
+    ) -> list[TopKey]:
+        """The keys (of everyone, or of one user) that used the most tokens."""
+        async with self.database.connection() as connection:
+            rows = await connection.execute(top_keys_query(start, end, limit, user_id))
+            return [TopKey(k, d, n, u, e, int(r), int(t)) for k, d, n, u, e, r, t in rows]
 
     async def usage_today(self, user: str) -> dict[str, UsageTotals]:
         """A user's usage today (UTC) per model type, all their keys together, as written so

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
 from app.accounts.keystore.schemas import UsageRecord
-from app.accounts.keystore.tables import ApiKeyRow, DailyUsageRow
+from app.accounts.keystore.tables import ApiKeyRow, DailyUsageRow, UserRow
 
 DEFAULT_DAYS = 30
 
@@ -92,4 +92,98 @@ def record_of(row: DailyUsageRow, user_id: str) -> UsageRecord:
         prompt_tokens=row.prompt_tokens,
         completion_tokens=row.completion_tokens,
         total_tokens=row.prompt_tokens + row.completion_tokens,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DailyTotal:
+    """One model type's usage on one UTC day, summed over the keys asked about."""
+
+    day: date
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TopUser:
+    user_id: str
+    email: str
+    requests: int
+    total_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopKey:
+    key_id: str
+    display: str
+    name: str | None
+    user_id: str
+    email: str
+    requests: int
+    total_tokens: int
+
+
+_TOKENS = func.sum(DailyUsageRow.prompt_tokens + DailyUsageRow.completion_tokens)
+_REQUESTS = func.sum(DailyUsageRow.requests)
+
+
+def daily_totals_query(start: date, end: date, user_id: str | None) -> Select:
+    """Per day and model type, summed in the database (an index range over `day`)."""
+    query = (
+        select(
+            DailyUsageRow.day, DailyUsageRow.model_type, _REQUESTS,
+            func.sum(DailyUsageRow.prompt_tokens), func.sum(DailyUsageRow.completion_tokens),
+        )
+        .where(DailyUsageRow.day >= start, DailyUsageRow.day <= end)
+        .group_by(DailyUsageRow.day, DailyUsageRow.model_type)
+        .order_by(DailyUsageRow.day, DailyUsageRow.model_type)
+    )
+    if user_id is not None:
+        keys = select(ApiKeyRow.id).where(ApiKeyRow.user_id == user_id)
+        query = query.where(DailyUsageRow.key_id.in_(keys))
+    return query
+
+
+def top_keys_query(start: date, end: date, limit: int, user_id: str | None) -> Select:
+    """The keys that used the most tokens, summed per key first, then joined to their owner."""
+    per_key = (
+        select(DailyUsageRow.key_id, _REQUESTS.label("requests"), _TOKENS.label("tokens"))
+        .where(DailyUsageRow.day >= start, DailyUsageRow.day <= end)
+        .group_by(DailyUsageRow.key_id)
+    )
+    if user_id is not None:
+        keys = select(ApiKeyRow.id).where(ApiKeyRow.user_id == user_id)
+        per_key = per_key.where(DailyUsageRow.key_id.in_(keys))
+    per_key = per_key.order_by(_TOKENS.desc(), DailyUsageRow.key_id).limit(limit).subquery()
+    return (
+        select(ApiKeyRow.id, ApiKeyRow.display, ApiKeyRow.name, ApiKeyRow.user_id,
+               UserRow.email, per_key.c.requests, per_key.c.tokens)
+        .join(per_key, per_key.c.key_id == ApiKeyRow.id)
+        .join(UserRow, UserRow.id == ApiKeyRow.user_id)
+        .order_by(per_key.c.tokens.desc(), ApiKeyRow.id)
+    )
+
+
+def top_users_query(start: date, end: date, limit: int) -> Select:
+    """The users whose keys used the most tokens together."""
+    per_key = (
+        select(DailyUsageRow.key_id, _REQUESTS.label("requests"), _TOKENS.label("tokens"))
+        .where(DailyUsageRow.day >= start, DailyUsageRow.day <= end)
+        .group_by(DailyUsageRow.key_id)
+        .subquery()
+    )
+    tokens = func.sum(per_key.c.tokens)
+    return (
+        select(ApiKeyRow.user_id, UserRow.email, func.sum(per_key.c.requests), tokens)
+        .join(per_key, per_key.c.key_id == ApiKeyRow.id)
+        .join(UserRow, UserRow.id == ApiKeyRow.user_id)
+        .group_by(ApiKeyRow.user_id, UserRow.email)
+        .order_by(tokens.desc(), ApiKeyRow.user_id)
+        .limit(limit)
     )
