@@ -281,10 +281,9 @@ async def usage_page(
     request: Request, days: str | None = None, operator: User = Depends(signed_in_operator)
 ) -> Response:
     chosen, start, end, usage = await _usage(request, days)
-    store = _store(request)
+    top_users, top_keys = await _store(request).top(start, end, TOP)
     return _page(request, "admin_usage.html", operator, usage=usage, days=chosen,
-                 ranges=RANGES, top_users=await store.top_users(start, end, TOP),
-                 top_keys=await store.top_keys(start, end, TOP))
+                 ranges=RANGES, top_users=top_users, top_keys=top_keys)
 
 
 @router.get("/usage.csv")

@@ -45,6 +45,7 @@ from app.accounts.keystore.usage import (
     TopUser,
     UsageCount,
     UsageKey,
+    add_model_rows,
     add_rows,
     add_statement,
     daily_totals_query,
@@ -52,7 +53,7 @@ from app.accounts.keystore.usage import (
     record_of,
     today,
     top_keys_query,
-    top_users_query,
+    top_query,
     usage_query,
 )
 
@@ -394,7 +395,11 @@ class KeyStore:
             return
         async with self.database.transaction() as session:
             connection = await session.connection()
-            await connection.execute(add_statement(self.database.dialect), add_rows(counts))
+            dialect = self.database.dialect
+            await connection.execute(add_statement(dialect), add_rows(counts))
+            await connection.execute(
+                add_statement(dialect, per_model=True), add_model_rows(counts)
+            )
 
     async def usage(
         self,
@@ -471,11 +476,29 @@ class KeyStore:
             rows = await connection.execute(daily_totals_query(start, end, user_id))
             return [DailyTotal(day, model, int(r), int(p), int(c)) for day, model, r, p, c in rows]
 
-    async def top_users(self, start: date, end: date, limit: int = 10) -> list[TopUser]:
-        """The users who used the most tokens from `start` to `end`."""
+    async def top(
+        self, start: date, end: date, limit: int = 10
+    ) -> tuple[list[TopUser], list[TopKey]]:
+        """The users and the keys that used the most tokens from `start` to `end`."""
         async with self.database.connection() as connection:
-            rows = await connection.execute(top_users_query(start, end, limit))
-            return [TopUser(u, e, int(r), int(t)) for u, e, r, t in rows]
+            ranked = (await connection.execute(top_query(start, end, limit))).all()
+            user_ids = [i for kind, i, _, _ in ranked if kind == "user"]
+            key_ids = [i for kind, i, _, _ in ranked if kind == "key"]
+            keys = {row.id: row for row in await connection.execute(
+                select(ApiKeyRow.id, ApiKeyRow.display, ApiKeyRow.name, ApiKeyRow.user_id)
+                .where(ApiKeyRow.id.in_(key_ids)))}
+            emails = dict((await connection.execute(
+                select(UserRow.id, UserRow.email)
+                .where(UserRow.id.in_({*user_ids, *(k.user_id for k in keys.values())}))
+            )).all())
+        users = [TopUser(i, emails[i], int(r), int(t)) for kind, i, r, t in ranked
+                 if kind == "user"]
+        top_keys = [
+            TopKey(i, keys[i].display, keys[i].name, keys[i].user_id, emails[keys[i].user_id],
+                   int(r), int(t))
+            for kind, i, r, t in ranked if kind == "key"
+        ]
+        return users, top_keys
 
     async def top_keys(
         self, start: date, end: date, limit: int = 10, *, user_id: str | None = None

@@ -96,6 +96,19 @@ class DailyUsageRow(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger())
 
 
+class DailyModelUsageRow(Base):
+    """What everyone used of one model type on one UTC day: `daily_usage` summed as it is
+    written (the same transaction), so that charts over all users read a few hundred rows."""
+
+    __tablename__ = "daily_model_usage"
+
+    day: Mapped[date] = mapped_column(Date(), primary_key=True)
+    model_type: Mapped[str] = mapped_column(String(64), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger())
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger())
+    completion_tokens: Mapped[int] = mapped_column(BigInteger())
+
+
 class StoredResponseRow(Base):
     """A finished /v1/responses reply and the input the model saw, owned by one user.
 

@@ -1,7 +1,7 @@
 """The schema is created and upgraded by Alembic when the store opens, on SQLite and PostgreSQL."""
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -11,6 +11,7 @@ from sqlalchemy import bindparam, text
 from app.accounts.auth import Caller, KeyVerifier
 from app.accounts.keystore import Database, KeyStore, keygen, migrate
 from app.accounts.keystore.audit import Actor
+from app.accounts.keystore.usage import DailyTotal
 from app.accounts.keystore.tables import Base, UtcDateTime
 
 
@@ -119,8 +120,9 @@ async def test_a_store_of_the_revision_before_key_scopes_upgrades_with_its_keys_
 async def test_a_store_of_the_revision_before_roles_upgrades_to_plain_users_and_an_empty_log(
     database_url: str,
 ):
-    """A store at revision 0006 (a user with a key) upgrades: the user is not an operator, the
-    key works, the audit log is empty and takes entries, the user can be made an operator."""
+    """A store at revision 0006 (a user with a key and its usage) upgrades: the user is not an
+    operator, the key works, the audit log is empty and takes entries, the user can be made an
+    operator, and the usage already there is in everyone's daily totals."""
     old = await Database.open(database_url, migrate_to="0006")
     secret = keygen.issue().secret
     async with old.engine.begin() as connection:
@@ -135,12 +137,19 @@ async def test_a_store_of_the_revision_before_roles_upgrades_to_plain_users_and_
                 created, hash=keygen.hash_key(secret), display=keygen.display_form(secret)
             )
         )
+        await connection.execute(
+            text("INSERT INTO daily_usage (key_id, model_type, day, requests, prompt_tokens, "
+                 "completion_tokens) VALUES ('key_old', 'ServiceAi-Fast', :day, 3, 30, 40)"),
+            {"day": date(2026, 11, 20)},
+        )
     await old.close()
 
     upgraded = await Database.open(database_url)
     try:
         assert await current_revisions(upgraded) == [head()]
         store = KeyStore(upgraded)
+        assert await store.daily_totals(date(2026, 11, 1), date(2026, 11, 30)) == [
+            DailyTotal(date(2026, 11, 20), "ServiceAi-Fast", 3, 30, 40)]
         assert (await store.get_user("user_old")).role == "user"
         caller = await KeyVerifier(store).verify(secret)
         assert caller == Caller(key_id="key_old", user_id="user_old", plan="pro")
