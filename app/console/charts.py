@@ -15,6 +15,7 @@ from datetime import date
 WIDTH = 720
 HEIGHT = 220
 LEFT = 64  # room for the axis labels
+RIGHT = 24  # room for the last day's label
 BOTTOM = 24
 TOP = 8
 
@@ -43,6 +44,7 @@ class BarChart:
     width: int
     height: int
     plot_left: int
+    plot_right: int
     plot_bottom: int
     bars: list[Bar]
     ticks: list[Label]
@@ -84,7 +86,7 @@ def stacked_bars(
     top = nice_ceiling(max(
         (sum(values.get(day, 0) for values in series.values()) for day in days), default=0
     ))
-    plot_width = WIDTH - LEFT
+    plot_width = WIDTH - LEFT - RIGHT
     plot_height = HEIGHT - BOTTOM - TOP
     slot = plot_width / max(len(days), 1)
     bars: list[Bar] = []
@@ -110,4 +112,4 @@ def stacked_bars(
         for index, day in enumerate(days) if (len(days) - 1 - index) % every == 0
     ]
     legend = [(names.index(name), name) for name in series]
-    return BarChart(title, WIDTH, HEIGHT, LEFT, HEIGHT - BOTTOM, bars, ticks, labels, legend)
+    return BarChart(title, WIDTH, HEIGHT, LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, bars, ticks, labels, legend)
