@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.openai.errors import ApiError
 from app.accounts.keystore import KeyOwner, KeyStore, keygen
 from app.accounts.keystore.errors import KeyStoreError
+from app.accounts.keystore.audit import Actor
 from app.accounts.keystore.schemas import ApiKey, KeyLimits, KeyScopes
 from app.periodic import PeriodicFlush
 from app.observability.metrics import authentication_failed
@@ -228,9 +229,11 @@ class KeyVerifier:
         self.accepted.forget(key_id=key_id, user_id=user_id)
         self.refused.forget(key_id=key_id, user_id=user_id)
 
-    async def revoke(self, key_id: str, *, owner_id: str | None = None) -> ApiKey:
+    async def revoke(
+        self, key_id: str, *, owner_id: str | None = None, actor: Actor | None = None
+    ) -> ApiKey:
         """Revoke a key in the store; this replica refuses it at once, the others within TTL."""
-        revoked = await self.store.revoke_key(key_id, owner_id=owner_id)
+        revoked = await self.store.revoke_key(key_id, owner_id=owner_id, actor=actor)
         self.forget(key_id=key_id)
         return revoked
 

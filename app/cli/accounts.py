@@ -19,6 +19,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 
 from app.accounts.keystore import KeyStore, open_store
+from app.accounts.keystore.audit import Actor
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.schemas import (
     DEFAULT_PLAN,
@@ -127,7 +128,8 @@ def print_json(value: BaseModel) -> None:
 
 def print_user(user: User) -> None:
     status = "disabled" if user.disabled else "active"
-    typer.echo(f"User {user.id}: {user.email}, plan {user.plan}, {status}.")
+    operator = ", an operator" if user.role == "admin" else ""
+    typer.echo(f"User {user.id}: {user.email}, plan {user.plan}, {status}{operator}.")
 
 
 def print_issued(key: IssuedApiKey) -> None:
@@ -151,8 +153,9 @@ def create_user(
     name = validated(ApiKeyCreate, name=key_name).name
 
     async def create(store: KeyStore) -> tuple[User, IssuedApiKey | None]:
-        user = await store.create_user(body.email, body.plan)
-        return user, (await store.create_key(user.id, name) if with_key else None)
+        actor = Actor.command_line()
+        user = await store.create_user(body.email, body.plan, actor=actor)
+        return user, (await store.create_key(user.id, name, actor=actor) if with_key else None)
 
     user, key = with_store(create)
     if as_json:
@@ -187,7 +190,10 @@ def _update(user: str, as_json: bool, **change: object) -> None:
     body = validated(UserUpdate, **change)
     budget = {"monthly_tokens": body.monthly_tokens} if "monthly_tokens" in change else {}
     updated = with_store(
-        lambda store: store.update_user(user, plan=body.plan, disabled=body.disabled, **budget)
+        lambda store: store.update_user(
+            user, plan=body.plan, disabled=body.disabled, role=body.role,
+            actor=Actor.command_line(), **budget,
+        )
     )
     print_json(updated) if as_json else print_user(updated)
 
@@ -233,6 +239,16 @@ def set_plan(
     _update(user, as_json, plan=plan)
 
 
+@users.command("set-role")
+def set_role(
+    user: str = typer.Argument(..., help="User id or email."),
+    role: str = typer.Argument(..., help="admin (an operator of the console) or user."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Make a user an operator (admin) of the console, or take it back (user)."""
+    _update(user, as_json, role=role)
+
+
 @users.command("set-password")
 def set_password(
     user: str = typer.Argument(..., help="User id or email."),
@@ -248,7 +264,9 @@ def set_password(
         password = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
     body = validated(PasswordSet, password=password)
     updated = with_store(
-        lambda store: store.set_password(user, body.password.get_secret_value())
+        lambda store: store.set_password(
+            user, body.password.get_secret_value(), actor=Actor.command_line()
+        )
     )
     if as_json:
         print_json(updated)
@@ -340,7 +358,9 @@ def create_key(
                   concurrent_requests=concurrent_requests, tokens_per_day=tokens_per_day)
     body = validated(ApiKeyCreate, name=name, **scope_fields(
         models, expires_in, expires_at, limits, monthly_tokens))
-    key = with_store(lambda store: store.create_key(user, body.name, body))
+    key = with_store(
+        lambda store: store.create_key(user, body.name, body, actor=Actor.command_line())
+    )
     if as_json:
         print_json(key)
         return
@@ -379,7 +399,9 @@ def update_key(
             current = (await store.get_key(key_id)).limits.model_dump()
             fields["limits"] = {**current, **given}
         body = validated(ApiKeyUpdate, **fields)
-        return await store.update_key(key_id, body.model_dump(include=body.model_fields_set))
+        return await store.update_key(
+            key_id, body.model_dump(include=body.model_fields_set), actor=Actor.command_line()
+        )
 
     key = with_store(update)
     if as_json:
@@ -401,7 +423,9 @@ def rotate_key(
     period, then is revoked."""
     body = validated(ApiKeyRotate, grace_seconds=seconds_of(grace, "--grace"))
     key = with_store(
-        lambda store: store.rotate_key(key_id, timedelta(seconds=body.grace_seconds))
+        lambda store: store.rotate_key(
+            key_id, timedelta(seconds=body.grace_seconds), actor=Actor.command_line()
+        )
     )
     if as_json:
         print_json(key)
@@ -437,7 +461,9 @@ def revoke_key(
     as_json: bool = JsonOption,
 ) -> None:
     """Revoke a key: every replica refuses it within the key cache TTL."""
-    key: ApiKey = with_store(lambda store: store.revoke_key(key_id))
+    key: ApiKey = with_store(
+        lambda store: store.revoke_key(key_id, actor=Actor.command_line())
+    )
     if as_json:
         print_json(key)
         return

@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.sessions import SessionMiddleware
 
-from app.console import pages
+from app.console import operator_pages, pages
 from app.console.client_address import ClientAddress
 from app.console.session import CsrfRejected, SignInRequired
 from app.console.sign_in_limit import SignInLimit
@@ -70,6 +70,7 @@ def mount_console(api: FastAPI, settings: Settings) -> None:
         return response
 
     console.include_router(pages.router)
+    console.include_router(operator_pages.router)
     console.mount(
         "/static", StaticFiles(directory=Path(__file__).resolve().parent / "static"), "static"
     )

@@ -17,13 +17,16 @@ from pydantic import (
 )
 
 from app.accounts.keystore import passwords
-from app.accounts.keystore.schemas import Email, KeyName, KeyScopes, ModelTypeName, Password
+from app.accounts.keystore.schemas import (
+    Email, KeyName, KeyScopes, ModelTypeName, Password, PlanName, Role,
+)
 
 _LABELS = {"email": "Email", "password": "Password", "password_again": "Repeat password",
            "name": "Key name", "expires_on": "Expires on",
            "requests_per_minute": "Requests per minute", "tokens_per_minute": "Tokens per minute",
            "concurrent_requests": "Requests at once", "tokens_per_day": "Tokens per day",
-           "monthly_tokens": "Tokens per month", "models": "Model types"}
+           "monthly_tokens": "Tokens per month", "models": "Model types", "plan": "Plan",
+           "role": "Role"}
 
 
 class SignUpForm(BaseModel):
@@ -100,3 +103,24 @@ def problem(exc: ValidationError) -> str:
         message = f"must be at most {context['max_length']} characters"
     label = _LABELS.get(field)
     return f"{label}: {message}." if label else f"{message[:1].upper()}{message[1:]}."
+
+
+class NewUserForm(BaseModel):
+    """An operator's new user: email, plan, and a console password if they are to sign in."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    email: Email
+    plan: PlanName
+    password: Password | None = None
+
+    @field_validator("password", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+
+class RoleForm(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Role

@@ -21,6 +21,8 @@ from app.console import session
 from app.console.forms import KeyForm, SignInForm, SignUpForm, problem
 from app.console.session import signed_in_user
 from app.console.sign_in_limit import SignInLimit
+from app.console.charts import BarChart
+from app.console.usage_view import last_days, model_chart
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.errors import KeyLimitReached, UserExists, WrongCredentials
 from app.openai.errors import ApiError
@@ -230,11 +232,13 @@ class ModelTypeUsage(NamedTuple):
     description: str
     limits: ModelTypeLimits | None
     today: UsageTotals
+    last_30_days: BarChart
 
 
 @router.get("/plan")
 async def plan_page(request: Request, user: User = Depends(signed_in_user)) -> Response:
-    """The plan's limits per model type and today's use, as the rate limiter and store see them."""
+    """The plan's limits per model type, today's use as the rate limiter and store see it, and
+    a chart per type of the last 30 days."""
     limits: RateLimits = request.app.state.limits
     try:
         plan = limits.plan_limits(user.plan)
@@ -243,10 +247,13 @@ async def plan_page(request: Request, user: User = Depends(signed_in_user)) -> R
         plan, problem = None, exc.message
     used = await _store(request).usage_today(user.id)
     budget = await _store(request).budget(user=user.id)
+    start, end = last_days(30)
+    days = await _store(request).daily_totals(start, end, user_id=user.id)
+    names = request.app.state.models.names
     rows = [
         ModelTypeUsage(
             model.name, model.description, plan.on(model.name) if plan else None,
-            used.get(model.name, UsageTotals()),
+            used.get(model.name, UsageTotals()), model_chart(days, start, end, model.name, names),
         )
         for model in _model_types(request)
     ]

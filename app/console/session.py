@@ -12,7 +12,7 @@ from __future__ import annotations
 import hmac
 import secrets
 
-from fastapi import Request
+from fastapi import Depends, HTTPException, Request
 from starlette.datastructures import FormData
 
 from app.accounts.keystore import KeyStore
@@ -87,4 +87,12 @@ async def signed_in_user(request: Request) -> User:
     if user is None or user.disabled:
         end(request)
         raise SignInRequired()
+    return user
+
+
+async def signed_in_operator(request: Request, user: User = Depends(signed_in_user)) -> User:
+    """The session's user when an operator (role "admin"); anyone else gets the 403 page. Read
+    from the store on every request, so taking the role back takes effect at once."""
+    if user.role != "admin":
+        raise HTTPException(403, "This page is for the operators of this service only.")
     return user

@@ -87,6 +87,9 @@ DEFAULT_GRACE_S = 86400
 
 ModelTypeName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
+Role = Literal["user", "admin"]
+""""admin": an operator, who may use the console's operator pages."""
+
 
 class User(BaseModel):
     object: Literal["user"] = "user"
@@ -100,6 +103,7 @@ class User(BaseModel):
         None, description="Tokens all the user's keys may use in a UTC calendar month; null: "
         "no budget beyond the plan."
     )
+    role: Role = "user"
 
 
 class KeyLimits(BaseModel):
@@ -183,6 +187,7 @@ class UserUpdate(BaseModel):
     monthly_tokens: PositiveInt | None = Field(
         None, description="A monthly token budget; send null to clear it."
     )
+    role: Role | None = Field(None, description="'admin' makes the user an operator.")
 
 
 class PasswordSet(BaseModel):
@@ -241,6 +246,28 @@ class UsageList(BaseModel):
     end_date: dt.date
     data: list[UsageRecord]
     budget: Budget | None = None
+
+
+class AuditEntry(BaseModel):
+    """One operator action, as the audit log keeps it."""
+
+    object: Literal["audit_entry"] = "audit_entry"
+    id: int
+    at: int = Field(description="When, in Unix seconds.")
+    source: Literal["console", "cli", "admin_api"] = Field(description="Through which door.")
+    actor: str = Field(description="The operator's email (console), the system user (cli) or "
+                       "'admin token' (admin API).")
+    action: str = Field(examples=["user.set_plan", "key.revoke"])
+    target: str = Field(description="The user's email or the key's id acted on.")
+    detail: str | None = None
+
+
+class AuditPage(BaseModel):
+    """A page of the audit log, newest first; pass the last id as `before` for the next one."""
+
+    object: Literal["list"] = "list"
+    data: list[AuditEntry]
+    has_more: bool
 
 
 class UsageTotals(BaseModel):

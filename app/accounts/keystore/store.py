@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -11,7 +11,8 @@ from sqlalchemy import Insert, Select, bindparam, func, insert, literal, or_, se
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.accounts.keystore import keygen, passwords
+from app.accounts.keystore import audit, keygen, passwords
+from app.accounts.keystore.audit import Actor
 from app.accounts.keystore.database import Database
 from app.accounts.keystore.errors import (
     KeyLimitReached,
@@ -25,11 +26,13 @@ from app.accounts.keystore.errors import (
 from app.accounts.keystore.schemas import (
     DEFAULT_PLAN,
     ApiKey,
+    AuditPage,
     Budget,
     IssuedApiKey,
     KeyLimits,
     KeyScopes,
     Page,
+    Role,
     UsageList,
     UsageTotals,
     User,
@@ -37,13 +40,20 @@ from app.accounts.keystore.schemas import (
 )
 from app.accounts.keystore.tables import ApiKeyRow, DailyUsageRow, UserRow
 from app.accounts.keystore.usage import (
+    DailyTotal,
+    TopKey,
+    TopUser,
     UsageCount,
     UsageKey,
+    add_model_rows,
     add_rows,
     add_statement,
+    daily_totals_query,
     default_range,
     record_of,
     today,
+    top_keys_query,
+    top_query,
     usage_query,
 )
 
@@ -84,10 +94,10 @@ class KeyStore:
 
     async def create_user(
         self, email: str, plan: str = DEFAULT_PLAN, *, password: str | None = None,
-        disabled: bool = False,
+        disabled: bool = False, actor: Actor | None = None,
     ) -> User:
         """A new user; with `password`, one who can sign in to the console; `disabled`, one
-        an operator has yet to enable."""
+        an operator has yet to enable; with `actor`, an operator's action, audited."""
         email = email.strip().lower()
         password_hash = None if password is None else await passwords.hash_password(password)
         row = UserRow(
@@ -96,11 +106,14 @@ class KeyStore:
             plan=plan,
             created_at=now(),
             password_hash=password_hash,
+            role="user",
         )
         row.disabled_at = row.created_at if disabled else None
         try:
             async with self.database.transaction() as session:
                 session.add(row)
+                await session.flush()  # a taken email fails here, before the audit entry
+                audit.record(session, actor, "user.create", email, f"plan {plan}")
         except IntegrityError:
             raise UserExists(
                 f"A user with email '{email}' already exists.", param="email"
@@ -112,37 +125,67 @@ class KeyStore:
         async with self.database.transaction() as session:
             return _user(await _find_user(session, user))
 
-    async def list_users(self, limit: int = 100, after: str | None = None) -> Page[User]:
+    async def list_users(
+        self, limit: int = 100, after: str | None = None, *, email_contains: str | None = None
+    ) -> Page[User]:
+        """Users, oldest first; with `email_contains`, those whose email holds that text."""
+        query = select(UserRow)
+        if email_contains:
+            pattern = email_contains.strip().lower().replace("\\", "\\\\")
+            pattern = pattern.replace("%", "\\%").replace("_", "\\_")
+            query = query.where(UserRow.email.like(f"%{pattern}%", escape="\\"))
         async with self.database.transaction() as session:
-            query = await _page(session, select(UserRow), UserRow, limit, after)
+            query = await _page(session, query, UserRow, limit, after)
             rows = list(await session.scalars(query))
         return Page[User](data=[_user(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
     async def update_user(
         self, user: str, *, plan: str | None = None, disabled: bool | None = None,
-        monthly_tokens: int | None | Unchanged = UNCHANGED,
+        monthly_tokens: int | None | Unchanged = UNCHANGED, role: Role | None = None,
+        actor: Actor | None = None,
     ) -> User:
-        """Change what is given; `monthly_tokens=None` clears the user's budget."""
+        """Change what is given; `monthly_tokens=None` clears the user's budget. With `actor`,
+        each change is an audited operator action."""
         async with self.database.transaction() as session:
             row = await _find_user(session, user)
             if plan is not None:
+                audit.record(session, actor, "user.set_plan", row.email, f"{row.plan} → {plan}")
                 row.plan = plan
-            if disabled is not None and disabled != (row.disabled_at is not None):
-                row.disabled_at = now() if disabled else None
+            if disabled is not None:
+                audit.record(session, actor, "user.disable" if disabled else "user.enable",
+                             row.email)
+                if disabled != (row.disabled_at is not None):
+                    row.disabled_at = now() if disabled else None
             if not isinstance(monthly_tokens, Unchanged):
+                audit.record(session, actor, "user.set_budget", row.email,
+                             f"{row.monthly_tokens} → {monthly_tokens} tokens a month")
                 row.monthly_tokens = monthly_tokens
+            if role is not None:
+                audit.record(session, actor, "user.set_role", row.email, f"{row.role} → {role}")
+                row.role = role
         return _user(row)
 
-    async def set_password(self, user: str, password: str, *, end_sessions: bool = True) -> User:
+    async def set_password(
+        self, user: str, password: str, *, end_sessions: bool = True, actor: Actor | None = None
+    ) -> User:
         """Set (or replace) a user's console password: how CLI-made users get one. Every
         console session of the user ends (unless only the hash's parameters change)."""
         password_hash = await passwords.hash_password(password)
         async with self.database.transaction() as session:
             row = await _find_user(session, user)
+            audit.record(session, actor, "user.set_password", row.email)
             row.password_hash = password_hash
             if end_sessions:
                 row.session_version = UserRow.session_version + 1
         return await self.get_user(row.id)
+
+    async def emails(self, user_ids: Collection[str]) -> dict[str, str]:
+        """The email of each of these users (by id), in one query."""
+        if not user_ids:
+            return {}
+        query = select(UserRow.id, UserRow.email).where(UserRow.id.in_(list(user_ids)))
+        async with self.database.connection() as connection:
+            return dict((await connection.execute(query)).all())
 
     async def session_version(self, user_id: str) -> int | None:
         """The version a console session of this user must carry; None for no such user."""
@@ -180,14 +223,15 @@ class KeyStore:
     # Keys
 
     async def create_key(
-        self, user: str, name: str | None = None, scopes: KeyScopes | None = None
+        self, user: str, name: str | None = None, scopes: KeyScopes | None = None, *,
+        actor: Actor | None = None,
     ) -> IssuedApiKey:
         issued = keygen.issue()
         async with self.database.transaction() as session:
             owner = await _find_user(session, user)
             if owner.disabled_at is not None:
                 raise UserDisabled(f"User {owner.id} is disabled: enable it before adding keys.")
-            owner_id = owner.id
+            owner_id, owner_email = owner.id, owner.email
         row = ApiKeyRow(
             id=keygen.new_id("key"),
             user_id=owner_id,
@@ -206,6 +250,8 @@ class KeyStore:
             # One statement: SQLite takes its write lock before the count, so it is atomic.
             inserted = await session.execute(_insert_within_limit(row, self.max_keys_per_user))
             if inserted.rowcount == 1:
+                audit.record(session, actor, "key.create", row.id,
+                             f"for {owner_email}" + (f', named "{name}"' if name else ""))
                 return IssuedApiKey(**_key(row).model_dump(), key=issued.secret)
         raise KeyLimitReached(
             f"User {owner_id} already holds {self.max_keys_per_user} active keys, the most "
@@ -227,28 +273,34 @@ class KeyStore:
         async with self.database.transaction() as session:
             return _key(await _find_key(session, key_id, owner_id))
 
-    async def revoke_key(self, key_id: str, *, owner_id: str | None = None) -> ApiKey:
+    async def revoke_key(
+        self, key_id: str, *, owner_id: str | None = None, actor: Actor | None = None
+    ) -> ApiKey:
         """Revoke a key (again is fine; a key in its grace period is revoked now). With
         `owner_id`, only that user's key is found."""
         async with self.database.transaction() as session:
             row = await _find_key(session, key_id, owner_id)
+            audit.record(session, actor, "key.revoke", row.id)
             moment = now()
             if row.revoked_at is None or row.revoked_at > moment:
                 row.revoked_at = moment
         return _key(row)
 
     async def update_key(
-        self, key_id: str, changes: Mapping[str, object], *, owner_id: str | None = None
+        self, key_id: str, changes: Mapping[str, object], *, owner_id: str | None = None,
+        actor: Actor | None = None,
     ) -> ApiKey:
         """Replace the scopes named in `changes` (a KeyScopes field each; None clears)."""
         async with self.database.transaction() as session:
             row = await _find_key(session, key_id, owner_id)
+            audit.record(session, actor, "key.update", row.id, ", ".join(sorted(changes)))
             scopes = _key(row).model_dump(include=set(KeyScopes.model_fields))
             _set_scopes(row, KeyScopes.model_validate({**scopes, **changes}))
         return _key(row)
 
     async def rotate_key(
-        self, key_id: str, grace: timedelta, *, owner_id: str | None = None
+        self, key_id: str, grace: timedelta, *, owner_id: str | None = None,
+        actor: Actor | None = None,
     ) -> IssuedApiKey:
         """A new key with the old one's name and scopes; the old one keeps working for `grace`,
         then is revoked. Both in one transaction."""
@@ -273,6 +325,8 @@ class KeyStore:
             ends = moment + grace
             old.revoked_at = ends if old.revoked_at is None else min(old.revoked_at, ends)
             session.add(row)
+            audit.record(session, actor, "key.rotate", old.id,
+                         f"new key {row.id}; the old one works {int(grace.total_seconds())} s more")
         return IssuedApiKey(**_key(row).model_dump(), key=issued.secret)
 
     async def find_key(self, key_hash: str) -> KeyOwner | None:
@@ -321,6 +375,18 @@ class KeyStore:
                 statement, [{"key_id": k, "used_at": t} for k, t in used.items()]
             )
 
+    async def audit_log(self, limit: int = 50, before: int | None = None) -> AuditPage:
+        """Operator actions, newest first; `before` an entry's id for the page after it."""
+        async with self.database.transaction() as session:
+            rows = list(await session.scalars(audit.page_query(limit, before)))
+        return audit.page_of(rows, limit)
+
+    async def users_per_plan(self) -> dict[str, int]:
+        """How many users each plan name in the store has (disabled users included)."""
+        query = select(UserRow.plan, func.count()).group_by(UserRow.plan)
+        async with self.database.connection() as connection:
+            return {plan: count for plan, count in (await connection.execute(query)).all()}
+
     # Usage
 
     async def record_usage(self, counts: Mapping[UsageKey, UsageCount]) -> None:
@@ -329,7 +395,11 @@ class KeyStore:
             return
         async with self.database.transaction() as session:
             connection = await session.connection()
-            await connection.execute(add_statement(self.database.dialect), add_rows(counts))
+            dialect = self.database.dialect
+            await connection.execute(add_statement(dialect), add_rows(counts))
+            await connection.execute(
+                add_statement(dialect, per_model=True), add_model_rows(counts)
+            )
 
     async def usage(
         self,
@@ -396,6 +466,47 @@ class KeyStore:
             month=today().strftime("%Y-%m"), monthly_tokens=limit, used=used,
             left=max(0, limit - used),
         )
+
+    async def daily_totals(
+        self, start: date, end: date, *, user_id: str | None = None
+    ) -> list[DailyTotal]:
+        """Usage per UTC day and model type from `start` to `end`, of everyone or one user,
+        summed in the database (what the console's charts draw)."""
+        async with self.database.connection() as connection:
+            rows = await connection.execute(daily_totals_query(start, end, user_id))
+            return [DailyTotal(day, model, int(r), int(p), int(c)) for day, model, r, p, c in rows]
+
+    async def top(
+        self, start: date, end: date, limit: int = 10
+    ) -> tuple[list[TopUser], list[TopKey]]:
+        """The users and the keys that used the most tokens from `start` to `end`."""
+        async with self.database.connection() as connection:
+            ranked = (await connection.execute(top_query(start, end, limit))).all()
+            user_ids = [i for kind, i, _, _ in ranked if kind == "user"]
+            key_ids = [i for kind, i, _, _ in ranked if kind == "key"]
+            keys = {row.id: row for row in await connection.execute(
+                select(ApiKeyRow.id, ApiKeyRow.display, ApiKeyRow.name, ApiKeyRow.user_id)
+                .where(ApiKeyRow.id.in_(key_ids)))}
+            emails = dict((await connection.execute(
+                select(UserRow.id, UserRow.email)
+                .where(UserRow.id.in_({*user_ids, *(k.user_id for k in keys.values())}))
+            )).all())
+        users = [TopUser(i, emails[i], int(r), int(t)) for kind, i, r, t in ranked
+                 if kind == "user"]
+        top_keys = [
+            TopKey(i, keys[i].display, keys[i].name, keys[i].user_id, emails[keys[i].user_id],
+                   int(r), int(t))
+            for kind, i, r, t in ranked if kind == "key"
+        ]
+        return users, top_keys
+
+    async def top_keys(
+        self, start: date, end: date, limit: int = 10, *, user_id: str | None = None
+    ) -> list[TopKey]:
+        """The keys (of everyone, or of one user) that used the most tokens."""
+        async with self.database.connection() as connection:
+            rows = await connection.execute(top_keys_query(start, end, limit, user_id))
+            return [TopKey(k, d, n, u, e, int(r), int(t)) for k, d, n, u, e, r, t in rows]
 
     async def usage_today(self, user: str) -> dict[str, UsageTotals]:
         """A user's usage today (UTC) per model type, all their keys together, as written so
@@ -487,6 +598,7 @@ def _user(row: UserRow) -> User:
         disabled=row.disabled_at is not None,
         disabled_at=unix(row.disabled_at),
         monthly_tokens=row.monthly_tokens,
+        role=row.role,
     )
 
 

@@ -56,6 +56,8 @@ class UserRow(Base):
     session_version: Mapped[int] = mapped_column(Integer(), default=0, server_default="0")
     # Tokens all the user's keys may use in a UTC calendar month; None: the plan's limits only.
     monthly_tokens: Mapped[int | None] = mapped_column(BigInteger())
+    # "admin": an operator, who may use the console's operator pages; "user": everyone else.
+    role: Mapped[str] = mapped_column(String(16), default="user", server_default="user")
 
 
 class ApiKeyRow(Base):
@@ -94,6 +96,19 @@ class DailyUsageRow(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger())
 
 
+class DailyModelUsageRow(Base):
+    """What everyone used of one model type on one UTC day: `daily_usage` summed as it is
+    written (the same transaction), so that charts over all users read a few hundred rows."""
+
+    __tablename__ = "daily_model_usage"
+
+    day: Mapped[date] = mapped_column(Date(), primary_key=True)
+    model_type: Mapped[str] = mapped_column(String(64), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger())
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger())
+    completion_tokens: Mapped[int] = mapped_column(BigInteger())
+
+
 class StoredResponseRow(Base):
     """A finished /v1/responses reply and the input the model saw, owned by one user.
 
@@ -110,3 +125,21 @@ class StoredResponseRow(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger())
     input_items: Mapped[str] = mapped_column(Text())
     body: Mapped[str] = mapped_column(Text())
+
+
+class AuditRow(Base):
+    """One operator action: who did what to whom, when, and through which door.
+
+    Written in the same transaction as the action itself, so that neither exists without the
+    other. Newest first is descending `id`.
+    """
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer(), primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime())
+    source: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(320))
+    action: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(320))
+    detail: Mapped[str | None] = mapped_column(Text())

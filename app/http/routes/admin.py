@@ -15,12 +15,14 @@ from app.accounts.auth import KeyVerifier
 from app.accounts.scopes import check_models
 from app.openai.errors import ApiError
 from app.accounts.keystore import KeyStore
+from app.accounts.keystore.audit import Actor
 from app.accounts.keystore.schemas import (
     MAX_PAGE,
     ApiKey,
     ApiKeyCreate,
     ApiKeyRotate,
     ApiKeyUpdate,
+    AuditPage,
     IssuedApiKey,
     Page,
     UsageList,
@@ -60,6 +62,10 @@ router = APIRouter(
 )
 
 
+# Every change made here is audited under this name: the admin token is one shared secret.
+ADMIN = Actor.admin_api()
+
+
 def _store(request: Request) -> KeyStore:
     return request.app.state.store
 
@@ -83,7 +89,7 @@ def _offered(request: Request, plan: str | None) -> None:
 @router.post("/users", status_code=201, response_model=User)
 async def create_user(body: UserCreate, request: Request) -> User:
     _offered(request, body.plan)
-    return await _store(request).create_user(body.email, body.plan)
+    return await _store(request).create_user(body.email, body.plan, actor=ADMIN)
 
 
 @router.get("/users", response_model=Page[User])
@@ -103,11 +109,12 @@ async def get_user(user: str, request: Request) -> User:
 
 @router.patch("/users/{user}", response_model=User)
 async def update_user(user: str, body: UserUpdate, request: Request) -> User:
-    """Change the plan, or disable (and enable) the user: a disabled user's keys stop working."""
+    """Change the plan or the role ("admin": an operator of the console), or disable (and
+    enable) the user: a disabled user's keys stop working."""
     _offered(request, body.plan)
     budget = {"monthly_tokens": body.monthly_tokens} if "monthly_tokens" in body.model_fields_set else {}
     updated = await _store(request).update_user(
-        user, plan=body.plan, disabled=body.disabled, **budget
+        user, plan=body.plan, disabled=body.disabled, role=body.role, actor=ADMIN, **budget
     )
     _keys(request).forget(user_id=updated.id)
     return updated
@@ -119,7 +126,7 @@ async def create_key(user: str, request: Request, body: ApiKeyCreate | None = No
     only."""
     body = body or ApiKeyCreate()
     check_models(body, request.app.state.models.names)
-    return await _store(request).create_key(user, body.name, body)
+    return await _store(request).create_key(user, body.name, body, actor=ADMIN)
 
 
 @router.patch("/keys/{key_id}", response_model=ApiKey)
@@ -127,7 +134,9 @@ async def update_key(key_id: str, body: ApiKeyUpdate, request: Request) -> ApiKe
     """Change a key's scopes: a field sent replaces it (null clears), one left out stays. Other
     replicas see the change within the key cache's TTL."""
     check_models(body, request.app.state.models.names)
-    updated = await _store(request).update_key(key_id, body.model_dump(include=body.model_fields_set))
+    updated = await _store(request).update_key(
+        key_id, body.model_dump(include=body.model_fields_set), actor=ADMIN
+    )
     _keys(request).forget(key_id=key_id)
     return updated
 
@@ -137,7 +146,7 @@ async def rotate_key(key_id: str, request: Request, body: ApiKeyRotate | None = 
     """A new key with the same name and scopes; the old one works for `grace_seconds` more,
     then is revoked. The new secret is in this response only."""
     grace = timedelta(seconds=(body or ApiKeyRotate()).grace_seconds)
-    issued = await _store(request).rotate_key(key_id, grace)
+    issued = await _store(request).rotate_key(key_id, grace, actor=ADMIN)
     _keys(request).forget(key_id=key_id)
     return issued
 
@@ -155,7 +164,7 @@ async def list_keys(
 @router.delete("/keys/{key_id}", response_model=ApiKey)
 async def revoke_key(key_id: str, request: Request) -> ApiKey:
     """Revoke a key: refused at once by this replica, by every other within the key cache TTL."""
-    return await _keys(request).revoke(key_id)
+    return await _keys(request).revoke(key_id, actor=ADMIN)
 
 
 @router.get("/usage", response_model=UsageList)
@@ -168,3 +177,13 @@ async def get_usage(
 ) -> UsageList:
     """Usage per key, model type and UTC day: requests, prompt and completion tokens."""
     return await _store(request).usage(user=user, key_id=key_id, start=start_date, end=end_date)
+
+
+@router.get("/audit", response_model=AuditPage)
+async def get_audit_log(
+    request: Request,
+    limit: int = Query(50, ge=1, le=MAX_PAGE),
+    before: int | None = Query(None, description="The id of the last entry of the previous page."),
+) -> AuditPage:
+    """Operator actions (console, CLI, admin API), newest first."""
+    return await _store(request).audit_log(limit=limit, before=before)

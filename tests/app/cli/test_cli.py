@@ -81,6 +81,29 @@ def test_users_list_disable_enable_set_plan(serviceai):
     assert [u["email"] for u in json_of(serviceai("users", "list", "--json"))["data"]] == ["ada@example.com"]
 
 
+def test_set_role_makes_an_operator_and_every_change_is_audited_as_the_cli(serviceai, database_url):
+    json_of(serviceai("users", "create", "--email", "ada@example.com", "--json"))
+    assert json_of(serviceai("users", "set-role", "ada@example.com", "admin", "--json"))["role"] == "admin"
+    code, out, _ = serviceai("users", "set-role", "ada@example.com", "user")
+    assert code == 0 and "operator" not in out
+    code, _, err = serviceai("users", "set-role", "ada@example.com", "root")
+    assert code == EXIT_USAGE and "--role" in err
+
+    async def log():
+        store = KeyStore(await Database.open(database_url))
+        try:
+            return (await store.audit_log()).data
+        finally:
+            await store.database.close()
+
+    entries = asyncio.run(log())
+    assert [(e.source, e.action, e.detail) for e in entries] == [
+        ("cli", "user.set_role", "admin → user"),
+        ("cli", "user.set_role", "user → admin"),
+        ("cli", "user.create", "plan free"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [

@@ -41,8 +41,9 @@ def csrf_of(page: httpx.Response) -> str:
 class Browser:
     """A client that behaves like a browser on the console: it reads each form's CSRF token."""
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(self, client: httpx.AsyncClient, app: object = None) -> None:
         self.client = client
+        self.app = app
 
     async def get(self, path: str) -> httpx.Response:
         return await self.client.get(f"/console{path}")
@@ -90,7 +91,7 @@ async def new_browser(store: KeyStore) -> AsyncIterator[BrowserFactory]:
         transport = httpx.ASGITransport(app=api, raise_app_exceptions=False)
         client = httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8123")
         clients.append(client)
-        return Browser(client)
+        return Browser(client, api)
 
     yield make
     for client in clients:

@@ -69,6 +69,27 @@ async def test_users(admin):
     assert changed["plan"] == "pro" and not changed["disabled"]
 
 
+async def test_roles_and_the_audit_log(admin):
+    ada = await create_user(admin)
+    assert ada["role"] == "user"
+    made = (await admin.patch(f"/admin/users/{ada['id']}", json={"role": "admin"})).json()
+    assert made["role"] == "admin"
+    key = await create_key(admin, ada["id"], "ci")
+    assert (await admin.delete(f"/admin/keys/{key['id']}")).status_code == 200
+    refused = await admin.patch(f"/admin/users/{ada['id']}", json={"role": "root"})
+    assert error_of(refused, 400)["param"] == "role"
+
+    log = (await admin.get("/admin/audit", params={"limit": 3})).json()
+    assert [(e["source"], e["actor"], e["action"], e["target"]) for e in log["data"]] == [
+        ("admin_api", "admin token", "key.revoke", key["id"]),
+        ("admin_api", "admin token", "key.create", key["id"]),
+        ("admin_api", "admin token", "user.set_role", "ada@example.com"),
+    ]
+    assert log["has_more"]
+    rest = (await admin.get("/admin/audit", params={"before": log["data"][-1]["id"]})).json()
+    assert [e["action"] for e in rest["data"]] == ["user.create"] and not rest["has_more"]
+
+
 @pytest.mark.parametrize(
     ("request_args", "status", "code", "param"),
     [

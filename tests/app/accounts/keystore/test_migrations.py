@@ -1,7 +1,7 @@
 """The schema is created and upgraded by Alembic when the store opens, on SQLite and PostgreSQL."""
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -10,6 +10,8 @@ from sqlalchemy import bindparam, text
 
 from app.accounts.auth import Caller, KeyVerifier
 from app.accounts.keystore import Database, KeyStore, keygen, migrate
+from app.accounts.keystore.audit import Actor
+from app.accounts.keystore.usage import DailyTotal
 from app.accounts.keystore.tables import Base, UtcDateTime
 
 
@@ -111,5 +113,50 @@ async def test_a_store_of_the_revision_before_key_scopes_upgrades_with_its_keys_
         assert (await store.get_user("user_old")).monthly_tokens is None
         scoped = await store.update_key("key_old", {"models": ["ServiceAi-Coder"]})
         assert scoped.models == ["ServiceAi-Coder"]
+    finally:
+        await upgraded.close()
+
+
+async def test_a_store_of_the_revision_before_roles_upgrades_to_plain_users_and_an_empty_log(
+    database_url: str,
+):
+    """A store at revision 0006 (a user with a key and its usage) upgrades: the user is not an
+    operator, the key works, the audit log is empty and takes entries, the user can be made an
+    operator, and the usage already there is in everyone's daily totals."""
+    old = await Database.open(database_url, migrate_to="0006")
+    secret = keygen.issue().secret
+    async with old.engine.begin() as connection:
+        created = bindparam("created", datetime(2026, 1, 1, tzinfo=UTC), type_=UtcDateTime())
+        await connection.execute(
+            text("INSERT INTO users (id, email, plan, created_at, session_version) "
+                 "VALUES ('user_old', 'old@example.com', 'pro', :created, 0)").bindparams(created)
+        )
+        await connection.execute(
+            text("INSERT INTO api_keys (id, user_id, key_hash, display, name, created_at) "
+                 "VALUES ('key_old', 'user_old', :hash, :display, 'old', :created)").bindparams(
+                created, hash=keygen.hash_key(secret), display=keygen.display_form(secret)
+            )
+        )
+        await connection.execute(
+            text("INSERT INTO daily_usage (key_id, model_type, day, requests, prompt_tokens, "
+                 "completion_tokens) VALUES ('key_old', 'ServiceAi-Fast', :day, 3, 30, 40)"),
+            {"day": date(2026, 11, 20)},
+        )
+    await old.close()
+
+    upgraded = await Database.open(database_url)
+    try:
+        assert await current_revisions(upgraded) == [head()]
+        store = KeyStore(upgraded)
+        assert await store.daily_totals(date(2026, 11, 1), date(2026, 11, 30)) == [
+            DailyTotal(date(2026, 11, 20), "ServiceAi-Fast", 3, 30, 40)]
+        assert (await store.get_user("user_old")).role == "user"
+        caller = await KeyVerifier(store).verify(secret)
+        assert caller == Caller(key_id="key_old", user_id="user_old", plan="pro")
+        assert (await store.audit_log()).data == []
+        await store.update_user("user_old", role="admin", actor=Actor.command_line())
+        assert (await store.get_user("old@example.com")).role == "admin"
+        [entry] = (await store.audit_log()).data
+        assert (entry.source, entry.action, entry.target) == ("cli", "user.set_role", "old@example.com")
     finally:
         await upgraded.close()

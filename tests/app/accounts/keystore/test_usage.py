@@ -9,7 +9,7 @@ from app.accounts.keystore import Database, KeyStore
 from app.accounts.keystore.database import create_engine
 from app.accounts.keystore.errors import KeyStoreError, UserNotFound
 from app.accounts.keystore.schemas import UsageTotals
-from app.accounts.keystore.usage import UsageCount, UsageKey, today
+from app.accounts.keystore.usage import DailyTotal, UsageCount, UsageKey, today
 from app.limits.usage_meter import UsageMeter
 
 DAY = date(2026, 11, 20)
@@ -127,3 +127,35 @@ async def test_an_end_date_in_year_one_is_a_range_not_an_overflow(store):
     # Found by the schema fuzzer: end_date=0001-01-01 made the default start overflow (500).
     listing = await store.usage(end=date.min)
     assert (listing.start_date, listing.end_date) == (date.min, date.min)
+
+
+async def test_everyones_daily_totals_and_the_top_users_and_keys_match_the_rows_per_key(
+    store: KeyStore,
+):
+    """daily_model_usage, kept beside daily_usage as it is written, sums the same numbers."""
+    ada = await store.create_user("ada@example.com")
+    bob = await store.create_user("bob@example.com")
+    ada_keys = [await store.create_key(ada.id, f"a{n}") for n in range(2)]
+    bob_key = await store.create_key(bob.id, "b")
+    day, before = today(), today() - timedelta(days=1)
+    for batch in range(2):  # two flushes add up
+        await store.record_usage({
+            UsageKey(ada_keys[0].id, "ServiceAi-Fast", day): UsageCount(1, 10, 5),
+            UsageKey(ada_keys[1].id, "ServiceAi-Fast", day): UsageCount(2, 20, 10),
+            UsageKey(bob_key.id, "ServiceAi-Fast", day): UsageCount(1, 100, 100),
+            UsageKey(bob_key.id, "ServiceAi-Pro", before): UsageCount(3, 1, 1),
+        })
+    assert await store.daily_totals(before, day) == [
+        DailyTotal(before, "ServiceAi-Pro", 6, 2, 2),
+        DailyTotal(day, "ServiceAi-Fast", 8, 260, 230),
+    ]
+    assert await store.daily_totals(before, day, user_id=ada.id) == [
+        DailyTotal(day, "ServiceAi-Fast", 6, 60, 30),
+    ]
+    users, keys = await store.top(before, day, limit=2)
+    assert [(u.email, u.requests, u.total_tokens) for u in users] == [
+        ("bob@example.com", 8, 404), ("ada@example.com", 6, 90)]
+    assert [(k.key_id, k.email, k.total_tokens) for k in keys] == [
+        (bob_key.id, "bob@example.com", 404), (ada_keys[1].id, "ada@example.com", 60)]
+    [only] = await store.top_keys(before, day, 1, user_id=ada.id)
+    assert (only.key_id, only.name, only.requests) == (ada_keys[1].id, "a1", 4)
