@@ -28,13 +28,17 @@ from pathlib import Path
 import httpx
 
 from bench.run import RESULTS
-from bench.servers import BENCH_TYPE, BenchTarget, Server, bench_target, free_port, ray_serve_llm, serviceai
+from bench.servers import (
+    BENCH_TYPE, PROJECT_ROOT, BenchTarget, Server, bench_model_type, bench_target, free_port,
+    ray_serve_llm, serviceai,
+)
+from deployments import tiny_model
 
 CONVERSATIONS = 64
 TURNS = 6
 IN_FLIGHT = 8
-SYSTEM_WORDS = 500  # the tiny model's tokenizer: about 1,000 tokens
-USER_WORDS = 15
+SYSTEM_WORDS = 175  # the tiny model's tokenizer: ~5.7 tokens a word, about 1,000 tokens
+USER_WORDS = 10  # ~57 tokens: six turns and replies stay within the 2,048-token context
 MAX_TOKENS = 24
 RAY_ROUTER = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
 
@@ -64,7 +68,8 @@ async def one_turn(client: httpx.AsyncClient, server: Server, messages: list[dic
     usage = None
     async with client.stream("POST", f"{server.base_url}/v1/chat/completions", json=body,
                              headers={"Authorization": f"Bearer {server.api_key}"}) as response:
-        response.raise_for_status()
+        if response.status_code != 200:
+            raise RuntimeError(f"{response.status_code}: {(await response.aread())[:500]!r}")
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -159,8 +164,19 @@ def table(results: dict[str, dict[str, float]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", default="2,4", help="replica counts, comma-separated")
+    parser.add_argument(
+        "--model", choices=("tiny", "prefill-heavy"), default="tiny",
+        help="prefill-heavy: a generated 3M-parameter model whose prefill is a good part of a "
+        "TTFT on two cores, as a real model's is on a GPU (the tiny model's costs nothing)",
+    )
     args = parser.parse_args()
-    target = bench_target(None, {}, [IN_FLIGHT], gpu=False)
+    if args.model == "tiny":
+        target = bench_target(None, {}, [IN_FLIGHT], gpu=False)
+    else:
+        path = PROJECT_ROOT / "models" / "prefill-heavy"
+        if not (path / tiny_model.MARKER).exists():
+            tiny_model.generate(path, dims=tiny_model.PREFILL_HEAVY)
+        target = bench_target(str(path), bench_model_type()["engine_args"], [IN_FLIGHT], gpu=False)
     log_dir = Path(tempfile.mkdtemp(prefix="sai-affinity-"))
     results: dict[str, dict[str, float]] = {}
     for name, start in setups(target, log_dir, [int(n) for n in args.replicas.split(",")]):
@@ -172,10 +188,11 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = {
         "workload": {"conversations": CONVERSATIONS, "turns": TURNS, "in_flight": IN_FLIGHT,
-                     "system_words": SYSTEM_WORDS, "max_tokens": MAX_TOKENS, "model_type": BENCH_TYPE},
+                     "system_words": SYSTEM_WORDS, "max_tokens": MAX_TOKENS, "model_type": BENCH_TYPE,
+                     "model": args.model},
         "results": results, "logs": str(log_dir),
     }
-    (RESULTS / f"{stamp}-affinity.json").write_text(json.dumps(summary, indent=2))
+    (RESULTS / f"{stamp}-affinity-{args.model}.json").write_text(json.dumps(summary, indent=2))
     print(table(results))
 
 
