@@ -73,7 +73,7 @@ bench-gpu:
 bench-ray-llm: install
 	$(BIN)/python -m bench.run serving --ray-llm
 
-# 64 conversations x 6 turns on 1, 2 and 4 replicas: power of two, our router, Ray's (~40 min).
+# 64 conversations x 6 turns on 1, 2 and 4 replicas: power of two, our router, Ray's (~10 min).
 bench-affinity: install
 	$(BIN)/python -m bench.prefix_affinity
 
