@@ -58,6 +58,11 @@ def app_args(config_path: Path = SERVE_CONFIG, name: str = APP_NAME) -> dict[str
     return next(a for a in config["applications"] if a["name"] == name)["args"]
 
 
+def type_limits(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan's entry in a serve config without its `priority`: its limits by model type."""
+    return {name: limits for name, limits in plan.items() if name != "priority"}
+
+
 class PostgresDatabases:
     """Creates throw-away databases on the test PostgreSQL server; drops them all at the end."""
 

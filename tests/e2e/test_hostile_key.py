@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from app.console import SESSION_COOKIE
-from tests.conftest import Stack, app_args, error_of
+from tests.conftest import Stack, app_args, error_of, type_limits
 from tests.e2e.test_limits import REDIS_URL, ingress_app, new_user, usage_of
 from tests.e2e.test_stream_lifecycle import wait_until
 
@@ -39,7 +39,7 @@ def hardened(stack: Stack) -> Iterator[tuple[str, str]]:
     prefix = f"sai-e2e-{secrets.token_hex(4)}"
     free = app_args()["plans"]["free"]
     tight = {t: dict(limits, tokens_per_minute=CLAMPED_TOKENS_PER_MINUTE, concurrent_requests=8)
-             for t, limits in free.items()}
+             for t, limits in type_limits(free).items()}
     env = {
         "SERVICEAI_REDIS_URL": REDIS_URL,
         "SERVICEAI_REDIS_KEY_PREFIX": prefix,

@@ -20,7 +20,7 @@ import redis
 from ray import serve
 
 from app.builder import build_app
-from tests.conftest import APP_NAME, REDIS, Stack, app_args, error_of, free_port
+from tests.conftest import APP_NAME, REDIS, Stack, app_args, error_of, free_port, type_limits
 from tests.e2e.conftest import prompt_tokens, serviceai_cli
 from tests.e2e.processes import wait_until
 from tests.e2e.test_observability import scrape, series
@@ -191,7 +191,7 @@ def test_the_client_retries_after_retry_after_and_then_succeeds(stack):
 def test_a_spent_daily_quota_stops_the_clients_retries(stack):
     tiny_quota = {"requests_per_minute": 100, "tokens_per_minute": 100000,
                   "concurrent_requests": 10, "tokens_per_day": 40}
-    plans = dict(app_args()["plans"], tiny={t: tiny_quota for t in app_args()["plans"]["free"]})
+    plans = dict(app_args()["plans"], tiny={t: tiny_quota for t in type_limits(app_args()["plans"]["free"])})
     _, key = new_user(stack, plan="tiny")
     with ingress_app(stack, "quota", plans=plans) as base_url:
         attempts: list[int] = []
@@ -218,7 +218,7 @@ def test_a_prompt_beyond_the_context_is_400_whatever_the_counters_say(stack):
     would wait on (issue 14), and a prompt that fits still gets that 429."""
     tiny_quota = {"requests_per_minute": 100, "tokens_per_minute": 100000,
                   "concurrent_requests": 10, "tokens_per_day": 20}
-    plans = dict(app_args()["plans"], tiny={t: tiny_quota for t in app_args()["plans"]["free"]})
+    plans = dict(app_args()["plans"], tiny={t: tiny_quota for t in type_limits(app_args()["plans"]["free"])})
     _, key = new_user(stack, plan="tiny")
     long_text = "The quick brown fox jumps over the lazy dog. " * 400  # > 2048 tokens
     with ingress_app(stack, "beyond", plans=plans) as base_url:
@@ -256,7 +256,7 @@ def redis_prefix() -> Iterator[str]:
 def test_two_replicas_share_a_10_a_minute_limit_through_redis(stack, redis_prefix):
     ten = {"requests_per_minute": 10, "tokens_per_minute": 1000000,
            "concurrent_requests": 100, "tokens_per_day": 10000000}
-    plans = dict(app_args()["plans"], ten={t: ten for t in app_args()["plans"]["free"]})
+    plans = dict(app_args()["plans"], ten={t: ten for t in type_limits(app_args()["plans"]["free"])})
     user_id, key = new_user(stack, plan="ten")
     env = {"SERVICEAI_REDIS_URL": REDIS_URL, "SERVICEAI_REDIS_KEY_PREFIX": redis_prefix}
     with ingress_app(stack, "shared", replicas=2, env=env, plans=plans) as base_url:
@@ -294,7 +294,7 @@ def test_requests_sent_at_once_never_generate_more_than_the_plan(stack, redis_pr
     with one ingress replica, and in Redis with two."""
     plan = {"requests_per_minute": 100, "tokens_per_minute": 20000, "concurrent_requests": 16,
             "tokens_per_day": 1000000}
-    plans = dict(app_args()["plans"], twenty={t: plan for t in app_args()["plans"]["free"]})
+    plans = dict(app_args()["plans"], twenty={t: plan for t in type_limits(app_args()["plans"]["free"])})
     _, key = new_user(stack, plan="twenty")
     env, replicas = {}, 1
     if store == "redis":
