@@ -121,14 +121,17 @@ def test_an_operator_runs_the_service_from_the_browser(
         camera.shoot("admin-user-usage")
 
         page.goto(f"{stack.origin}/console/admin/usage?days=7")
-        expect(page.locator(f'table.top-keys tr[data-key-id="{key_id}"]')).to_contain_text(
-            f"{tokens:,}")
+        # The whole service's usage: other tests' keys may outrank this one among the top
+        # keys, so the day's ServiceAi-Fast figures are checked to hold its requests.
         expect(page.locator("svg rect title", has_text=f"{today} ServiceAi-Fast:")).to_have_count(2)
+        expect(page.locator("table.top-keys tr[data-key-id]").first).to_be_visible()
         with page.expect_download() as download:
             page.get_by_role("link", name="usage.csv").click()
         csv = Path(download.value.path()).read_text()
         assert csv.startswith("date,model,requests,prompt_tokens,completion_tokens,total_tokens\n")
-        assert f"\n{today},ServiceAi-Fast," in csv
+        [fast_today] = [line.split(",") for line in csv.splitlines()
+                        if line.startswith(f"{today},ServiceAi-Fast,")]
+        assert int(fast_today[2]) >= 2 and int(fast_today[5]) >= tokens
         camera.shoot("admin-usage")
 
         page.goto(user_url)
