@@ -9,7 +9,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PositiveInt,
     SecretStr,
     ValidationError,
     field_validator,
@@ -18,7 +17,7 @@ from pydantic import (
 
 from app.accounts.keystore import passwords
 from app.accounts.keystore.schemas import (
-    Email, KeyName, KeyScopes, ModelTypeName, Password, PlanName, Role,
+    Count, Email, KeyName, KeyScopes, ModelTypeName, Password, PlanName, Role, TokenCount,
 )
 
 _LABELS = {"email": "Email", "password": "Password", "password_again": "Repeat password",
@@ -58,11 +57,11 @@ class KeyForm(BaseModel):
     name: KeyName
     models: list[ModelTypeName] | None = None
     expires_on: date | None = None
-    requests_per_minute: PositiveInt | None = None
-    tokens_per_minute: PositiveInt | None = None
-    concurrent_requests: PositiveInt | None = None
-    tokens_per_day: PositiveInt | None = None
-    monthly_tokens: PositiveInt | None = None
+    requests_per_minute: Count | None = None
+    tokens_per_minute: TokenCount | None = None
+    concurrent_requests: Count | None = None
+    tokens_per_day: TokenCount | None = None
+    monthly_tokens: TokenCount | None = None
 
     @field_validator("*", mode="before")
     @classmethod

@@ -14,6 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.accounts.keystore.schemas import AuditEntry, AuditPage, unix
 from app.accounts.keystore.tables import AuditRow
 
+LAST_ID = 2**31 - 1
+"""The largest id an entry can have: the table's Integer column in PostgreSQL."""
+
 
 @dataclass(frozen=True, slots=True)
 class Actor:

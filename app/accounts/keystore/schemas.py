@@ -17,7 +17,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PositiveInt,
     SecretStr,
     StringConstraints,
 )
@@ -26,6 +25,11 @@ from app.accounts.keystore import passwords
 
 DEFAULT_PLAN = "free"
 MAX_PAGE = 1000
+
+Count = Annotated[int, Field(gt=0, le=2**31 - 1)]
+"""A positive number of requests: what the store's Integer columns hold in PostgreSQL."""
+TokenCount = Annotated[int, Field(gt=0, le=2**63 - 1)]
+"""A positive number of tokens: what the store's BigInteger columns hold."""
 
 _PLAN = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
@@ -112,10 +116,10 @@ class KeyLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    requests_per_minute: PositiveInt | None = None
-    tokens_per_minute: PositiveInt | None = None
-    concurrent_requests: PositiveInt | None = None
-    tokens_per_day: PositiveInt | None = None
+    requests_per_minute: Count | None = None
+    tokens_per_minute: TokenCount | None = None
+    concurrent_requests: Count | None = None
+    tokens_per_day: TokenCount | None = None
 
     def is_empty(self) -> bool:
         return all(value is None for value in self.model_dump().values())
@@ -133,7 +137,7 @@ class KeyScopes(BaseModel):
         None, description="When it stops working (ISO 8601); null: never."
     )
     limits: KeyLimits | None = None
-    monthly_tokens: PositiveInt | None = Field(
+    monthly_tokens: TokenCount | None = Field(
         None, description="Tokens it may use in a UTC calendar month; null: no budget."
     )
 
@@ -184,7 +188,7 @@ class UserUpdate(BaseModel):
 
     plan: PlanName | None = None
     disabled: bool | None = None
-    monthly_tokens: PositiveInt | None = Field(
+    monthly_tokens: TokenCount | None = Field(
         None, description="A monthly token budget; send null to clear it."
     )
     role: Role | None = Field(None, description="'admin' makes the user an operator.")

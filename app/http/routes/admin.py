@@ -15,7 +15,7 @@ from app.accounts.auth import KeyVerifier
 from app.accounts.scopes import check_models
 from app.openai.errors import ApiError
 from app.accounts.keystore import KeyStore
-from app.accounts.keystore.audit import Actor
+from app.accounts.keystore.audit import LAST_ID, Actor
 from app.accounts.keystore.schemas import (
     MAX_PAGE,
     ApiKey,
@@ -183,7 +183,8 @@ async def get_usage(
 async def get_audit_log(
     request: Request,
     limit: int = Query(50, ge=1, le=MAX_PAGE),
-    before: int | None = Query(None, description="The id of the last entry of the previous page."),
+    before: int | None = Query(None, ge=1, le=LAST_ID,
+                               description="The id of the last entry of the previous page."),
 ) -> AuditPage:
     """Operator actions (console, CLI, admin API), newest first."""
     return await _store(request).audit_log(limit=limit, before=before)

@@ -126,11 +126,22 @@ async def test_forms_without_the_csrf_token_change_nothing(browser, store):
 
 
 @pytest.mark.parametrize("bad", ["/admin/users/user_nope", "/admin/usage?days=14",
-                                 "/admin/audit?before=x"])
+                                 "/admin/audit?before=x", f"/admin/audit?before={2**63}",
+                                 "/admin/audit?before=\u00b2", f"/admin/usage?days={10**30}"])
 async def test_wrong_addresses_are_explained_on_the_consoles_error_page(browser, store, bad):
     await operator(browser, store)
     response = await browser.get(bad)
     assert response.status_code in (400, 404) and 'class="error"' in response.text
+
+
+@pytest.mark.parametrize("hours", [str(31 * 24), str(10**30), "-1", "\u00b2"])
+async def test_a_grace_period_out_of_range_is_refused_and_the_key_kept(browser, store, hours):
+    await operator(browser, store)
+    ada = await store.create_user("ada@example.com")
+    key = await store.create_key(ada.id)
+    refused = await browser.submit("/admin/keys", f"/admin/keys/{key.id}/rotate", grace_hours=hours)
+    assert refused.status_code == 400 and "grace_hours" in refused.text
+    assert [k.id for k in (await store.list_keys(ada.id)).data] == [key.id]
 
 
 async def test_plans_show_their_limits_and_how_many_users_each_has(browser, store):

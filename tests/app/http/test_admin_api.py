@@ -104,6 +104,8 @@ async def test_roles_and_the_audit_log(admin):
         (("get", "/admin/keys?user=user_nope", None), 404, "user_not_found", "user"),
         (("get", "/admin/users?limit=0", None), 400, "invalid_value", "limit"),
         (("get", "/admin/users?after=user_gone", None), 400, "invalid_value", "after"),
+        (("get", f"/admin/audit?before={2**31}", None), 400, "invalid_value", "before"),
+        (("get", f"/admin/audit?before={2**63}", None), 400, "invalid_value", "before"),
     ],
 )
 async def test_errors_are_in_the_openai_envelope(admin, request_args, status, code, param):

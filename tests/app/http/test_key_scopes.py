@@ -88,6 +88,27 @@ async def test_an_operator_scopes_a_key_and_changes_its_scopes(api, ada):
                                 headers=admin())).status_code == 400, bad
 
 
+@pytest.mark.parametrize("scopes", [
+    {"limits": {"concurrent_requests": 2**31}}, {"limits": {"requests_per_minute": 2**31}},
+    {"limits": {"tokens_per_day": 2**63}}, {"limits": {"tokens_per_minute": 2**63}},
+    {"monthly_tokens": 2**63},
+])
+async def test_a_number_beyond_what_the_store_holds_is_a_400_on_every_door(api, store, ada, scopes):
+    user_id, key = ada
+    param = next(iter(scopes["limits"])) if "limits" in scopes else "monthly_tokens"
+    for method, path, headers in [
+        ("post", f"/admin/users/{user_id}/keys", admin()),
+        ("post", "/v1/account/keys", bearer(key)),
+        ("patch", f"/admin/keys/{(await store.list_keys(user_id)).data[0].id}", admin()),
+    ]:
+        refused = await api.request(method, path, json=scopes, headers=headers)
+        assert param in error_of(refused, 400)["param"], (method, path)
+    if "monthly_tokens" in scopes:
+        refused = await api.patch(f"/admin/users/{user_id}", json=scopes, headers=admin())
+        assert error_of(refused, 400)["param"] == "monthly_tokens"
+    assert len((await store.list_keys(user_id)).data) == 1
+
+
 async def test_a_key_calls_only_its_model_types(api, store, ada):
     user_id, _ = ada
     coder = await store.create_key(user_id, "coder", _scopes(models=["ServiceAi-Coder"]))
