@@ -9,6 +9,10 @@ router (deployments.request_router), and Ray Serve LLM with its `PrefixCacheAffi
 Per setup: the share of turns 2+'s prompt tokens served from cache
 (`usage.prompt_tokens_details.cached_tokens`), their TTFT p50/p99, and the throughput.
 Results: bench/results/<stamp>-affinity.json and a table on stdout (bench/NOTES.md).
+
+`--shared-system` gives every conversation the same system prompt (one hot prefix, as an agent
+framework's instructions are): what the load bound `max_imbalance` is for. `--max-imbalance
+2,8` measures the router once per bound; `--without-ray-llm` leaves Ray Serve LLM out.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from bench.servers import (
     ray_serve_llm, serviceai,
 )
 from deployments import tiny_model
+from deployments.request_router import MAX_IMBALANCE
 
 CONVERSATIONS = 64
 TURNS = 6
@@ -87,9 +92,11 @@ async def one_turn(client: httpx.AsyncClient, server: Server, messages: list[dic
     return turn, "".join(text)
 
 
-async def conversation(client: httpx.AsyncClient, server: Server, seed: int) -> list[Turn]:
+async def conversation(client: httpx.AsyncClient, server: Server, seed: int,
+                       shared_system: bool) -> list[Turn]:
     rng = random.Random(seed)
-    messages = [{"role": "system", "content": words(rng, SYSTEM_WORDS)}]
+    system = words(random.Random(-2) if shared_system else rng, SYSTEM_WORDS)
+    messages = [{"role": "system", "content": system}]
     turns = []
     for number in range(TURNS):
         messages.append({"role": "user", "content": words(rng, USER_WORDS)})
@@ -100,15 +107,15 @@ async def conversation(client: httpx.AsyncClient, server: Server, seed: int) -> 
     return turns
 
 
-async def workload(server: Server) -> dict[str, float]:
+async def workload(server: Server, shared_system: bool) -> dict[str, float]:
     gate = asyncio.Semaphore(IN_FLIGHT)
     async with httpx.AsyncClient(timeout=600) as client:
         # One conversation first, to warm what every server compiles on its first request.
-        await conversation(client, server, seed=-1)
+        await conversation(client, server, -1, shared_system)
 
         async def gated(seed: int) -> list[Turn]:
             async with gate:
-                return await conversation(client, server, seed)
+                return await conversation(client, server, seed, shared_system)
 
         started = time.perf_counter()
         results = await asyncio.gather(*(gated(seed) for seed in range(CONVERSATIONS)))
@@ -127,11 +134,13 @@ async def workload(server: Server) -> dict[str, float]:
     }
 
 
-def setups(target: BenchTarget, log_dir: Path, replicas: list[int]
-           ) -> list[tuple[str, Callable[[], AbstractContextManager[Server]]]]:
-    def ours(count: int, affinity: bool) -> Callable[[], AbstractContextManager[Server]]:
-        settings = {"num_replicas": count, "num_cpus": 0.25, "prefix_affinity": affinity}
-        name = f"serviceai-{count}-{'affinity' if affinity else 'pow2'}.log"
+def setups(target: BenchTarget, log_dir: Path, replicas: list[int], bounds: list[int],
+           with_ray: bool) -> list[tuple[str, Callable[[], AbstractContextManager[Server]]]]:
+    def ours(count: int, affinity: bool, bound: int = bounds[0]
+             ) -> Callable[[], AbstractContextManager[Server]]:
+        settings = {"num_replicas": count, "num_cpus": 0.25, "prefix_affinity": affinity,
+                    "max_imbalance": bound}
+        name = f"serviceai-{count}-{f'affinity-{bound}' if affinity else 'pow2'}.log"
         return lambda: serviceai(target, free_port(), log_dir, {}, settings, name)
 
     def rays(count: int) -> Callable[[], AbstractContextManager[Server]]:
@@ -140,11 +149,12 @@ def setups(target: BenchTarget, log_dir: Path, replicas: list[int]
 
     plan = [("ServiceAi, 1 replica", ours(1, True))]
     for count in replicas:
-        plan += [
-            (f"ServiceAi, {count} replicas, power of two", ours(count, False)),
-            (f"ServiceAi, {count} replicas, prefix affinity", ours(count, True)),
-            (f"Ray Serve LLM, {count} replicas, PrefixCacheAffinityRouter", rays(count)),
-        ]
+        plan.append((f"ServiceAi, {count} replicas, power of two", ours(count, False)))
+        plan += [(f"ServiceAi, {count} replicas, prefix affinity"
+                  + (f", max_imbalance {bound}" if len(bounds) > 1 else ""), ours(count, True, bound))
+                 for bound in bounds]
+        if with_ray:
+            plan.append((f"Ray Serve LLM, {count} replicas, PrefixCacheAffinityRouter", rays(count)))
     return plan
 
 
@@ -169,6 +179,11 @@ def main() -> None:
         help="prefill-heavy: a generated 3M-parameter model whose prefill is a good part of a "
         "TTFT on two cores, as a real model's is on a GPU (the tiny model's costs nothing)",
     )
+    parser.add_argument("--shared-system", action="store_true",
+                        help="one system prompt for every conversation (a hot prefix)")
+    parser.add_argument("--max-imbalance", default=str(MAX_IMBALANCE),
+                        help="the router's load bounds to measure, comma-separated")
+    parser.add_argument("--without-ray-llm", action="store_true", help="leave Ray Serve LLM out")
     args = parser.parse_args()
     if args.model == "tiny":
         target = bench_target(None, {}, [IN_FLIGHT], gpu=False)
@@ -179,17 +194,19 @@ def main() -> None:
         target = bench_target(str(path), bench_model_type()["engine_args"], [IN_FLIGHT], gpu=False)
     log_dir = Path(tempfile.mkdtemp(prefix="sai-affinity-"))
     results: dict[str, dict[str, float]] = {}
-    for name, start in setups(target, log_dir, [int(n) for n in args.replicas.split(",")]):
+    plan = setups(target, log_dir, [int(n) for n in args.replicas.split(",")],
+                  [int(n) for n in args.max_imbalance.split(",")], not args.without_ray_llm)
+    for name, start in plan:
         print(f"{name} ...", flush=True)
         with start() as server:
-            results[name] = asyncio.run(workload(server))
+            results[name] = asyncio.run(workload(server, args.shared_system))
         print(f"  {results[name]}", flush=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = {
         "workload": {"conversations": CONVERSATIONS, "turns": TURNS, "in_flight": IN_FLIGHT,
                      "system_words": SYSTEM_WORDS, "max_tokens": MAX_TOKENS, "model_type": BENCH_TYPE,
-                     "model": args.model},
+                     "model": args.model, "shared_system": args.shared_system},
         "results": results, "logs": str(log_dir),
     }
     (RESULTS / f"{stamp}-affinity-{args.model}.json").write_text(json.dumps(summary, indent=2))

@@ -14,7 +14,9 @@ from typing import Any
 
 from ray.serve import Application
 
-# On 2 CPUs Ray's default of 1 CPU per replica leaves the second replica unschedulable.
+# On 2 CPUs Ray's default of 1 CPU per replica leaves the second replica unschedulable: Ray
+# Serve LLM adds the replica actor's own CPUs (1 unless `ray_actor_options` say) to the engine's
+# placement bundle, so its replicas ask for none and the bundle carries their share.
 INGRESS_CPUS = 0.25
 ENGINE_CPUS = 0.5
 
@@ -27,6 +29,7 @@ def build_app(args: dict[str, Any]) -> Application:
     engine_bundle = {"CPU": cpus, "GPU": 1} if args.get("gpu") else {"CPU": cpus}
     deployment: dict[str, Any] = {
         "num_replicas": replicas, "max_ongoing_requests": args["max_ongoing_requests"],
+        "ray_actor_options": {"num_cpus": 0},
     }
     engine_kwargs = dict(args["engine_args"])
     if args.get("request_router"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -175,6 +176,36 @@ def _wait_for_chat(server: Server, process: subprocess.Popen, log: Path, timeout
     raise TimeoutError(f"{server.name} was not ready within {timeout_s:.0f} s; see {log}")
 
 
+DASHBOARD = re.compile(rb"dashboard at \S*?(127\.0\.0\.1:\d+)")
+
+
+def _wait_for_every_replica(process: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    """Until Serve reports every application RUNNING: every replica asked for is up (a chat
+    answers as soon as one is, and `serve run` of a config does not wait). Read from the
+    dashboard's REST API, at the address `serve run` printed."""
+    deadline = time.monotonic() + timeout_s
+    found = DASHBOARD.search(log.read_bytes())
+    url = f"http://{found.group(1).decode() if found else '127.0.0.1:8265'}/api/serve/applications/"
+    # Ray's dashboard asks for the token Ray made for this user (as its own CLI sends it).
+    token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
+    headers = {"Authorization": f"Bearer {token.read_text().strip()}"} if token.exists() else {}
+    request = urllib.request.Request(url, headers=headers)
+    statuses: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"serve run exited during start-up; see {log}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                applications = json.load(response).get("applications", {})
+            statuses = {name: app["status"] for name, app in applications.items()}
+            if statuses and set(statuses.values()) == {"RUNNING"}:
+                return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"applications not all RUNNING within the start-up time: {statuses}; see {log}")
+
+
 def _stop(process: subprocess.Popen, owned: list[psutil.Process], grace_s: float = 30) -> None:
     """SIGTERM the server, then SIGKILL whatever it started that is still alive."""
     if process.poll() is None:
@@ -275,7 +306,9 @@ def _serve_run(server: Server, config: dict[str, Any], env: dict[str, str], log:
             stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, env=env,
         )
     try:
+        started = time.monotonic()
         _wait_for_chat(server, process, log, timeout_s)
+        _wait_for_every_replica(process, log, timeout_s - (time.monotonic() - started))
         yield
     finally:
         _stop(process, [p for p in psutil.process_iter() if _uses(p, server.ray_dir)])
