@@ -220,13 +220,26 @@ class VllmEngine:
 
 
 def _for_this_platform(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's CPU build refuses the Ray executor ("current platform cpu does not support ray"):
-    its tensor-parallel shards run as local processes instead, on the node where Serve placed
-    the replica's STRICT_PACK bundles. Each shard gets its own CPUs (one NUMA node is not
-    enough for vLLM's automatic binding)."""
+    """What vLLM's CPU build needs here.
+
+    One shard runs unbound. vLLM's automatic binding gives its worker the replica's CPUs less
+    one kept for the scheduler, and every replica of a node sees all the node's CPUs: with
+    several engines on one machine (the local profile's three types, a type's replicas in a
+    rehearsal or a benchmark) every worker was pinned to the same core, while the others
+    idled. Unbound, a worker runs the threads Ray gives the replica's CPU share
+    (OMP_NUM_THREADS: its whole CPUs, at least one) wherever the kernel finds room.
+
+    Tensor-parallel shards: the CPU build refuses the Ray executor ("current platform cpu
+    does not support ray"), so they run as local processes, on the node where Serve placed
+    the replica's STRICT_PACK bundles, each bound to its own CPUs (one NUMA node is not
+    enough for vLLM's automatic binding).
+    """
     from vllm.platforms import current_platform
 
-    if engine_kwargs.get("distributed_executor_backend") != "ray" or not current_platform.is_cpu():
+    if not current_platform.is_cpu():
+        return engine_kwargs
+    if engine_kwargs.get("distributed_executor_backend") != "ray":
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         return engine_kwargs
     shards = int(engine_kwargs.get("tensor_parallel_size", 1))
     cpus = sorted(os.sched_getaffinity(0))

@@ -1,4 +1,5 @@
-"""How a tensor-parallel engine is built on this platform (vLLM's CPU build here)."""
+"""How an engine is built on this platform (vLLM's CPU build here): its CPU binding, its
+tensor-parallel shards."""
 
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ def test_cpu_build_runs_tensor_parallel_shards_as_local_processes(monkeypatch):
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,2|1,3"
 
 
-def test_single_shard_engine_is_left_alone():
+def test_a_single_shard_engine_runs_unbound_with_its_cpu_shares_threads(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "")
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
     kwargs = ModelTypeConfig(name="ServiceAi-Fast").engine_kwargs("/models/tiny")
     assert _for_this_platform(kwargs) is kwargs
+    # vLLM's "auto" would pin every engine of a node to the same cores.
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    # An operator's own binding stands.
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    assert _for_this_platform(kwargs) is kwargs
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0"
