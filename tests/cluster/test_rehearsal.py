@@ -1,13 +1,14 @@
 """The production path on a multi-node Ray cluster: `ray start` nodes, `serve deploy`, failures.
 
 The tests run in file order on one cluster (the `rehearsal` fixture): a type whose node joins
-late, placement, a cold start from zero, a rolling update under load, autoscaling, and last a
-lost worker node. Figures (seconds, stream counts) go to `rehearsal.figures`, printed at the end.
+late, placement, a cold start from zero, a rolling update under load, autoscaling, a lost
+worker node, and last one type's replicas on two nodes with prefix affinity. Figures (seconds, stream counts) go to `rehearsal.figures`, printed at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ import httpx
 import psutil
 import pytest
 
+from rehearsal.cluster import worker_node_types
 from rehearsal.config import rehearsal_config
 from rehearsal.service import add_node
 from tests.cluster.conftest import LATE_NODE, Rehearsal, wait_for
@@ -25,6 +27,7 @@ from tests.conftest import error_of
 pytestmark = pytest.mark.cluster
 
 MODEL_TYPES = ("ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder")
+SECOND_L4 = "gpu_l4_b"
 
 
 def type_args(name: str) -> dict[str, Any]:
@@ -264,3 +267,45 @@ async def test_a_lost_worker_node_ends_its_streams_and_serves_again_once_back(re
     # Neither the head nor the ingress was touched.
     assert replica_ids(rehearsal, "Ingress") == ingress
     assert "head" in cluster.nodes and rehearsal.ready()[0] == 200
+
+
+def test_a_types_replicas_on_two_nodes_keep_every_conversation_on_its_cache(rehearsal):
+    """Prefix affinity across nodes: Fast at two replicas of a whole GPU each, so one per
+    gpu_l4 node, and every later turn of a conversation finds its earlier turns cached."""
+    rehearsal.cluster.add_node(worker_node_types()["gpu_l4"], SECOND_L4)
+    coder = type_args("ServiceAi-Coder")
+    rehearsal.deploy(model_types={
+        "ServiceAi-Fast": {"num_gpus_per_shard": 1,
+                           "autoscaling_config": {"min_replicas": 2, "max_replicas": 2}},
+        # As the rolling update left it: Coder is not restarted again.
+        "ServiceAi-Coder": {"engine_args": {**coder["engine_args"], "max_model_len": 256}},
+    })
+    # The new replicas start one after the other (the second takes the GPU the old replica
+    # frees), each an engine on two cores beside the others: 146.6-629.6 s for one in the
+    # rolling update's runs.
+    deployed = time.monotonic()
+    wait_for(lambda: steady(rehearsal, "ServiceAi-Fast", 2)
+             and all(r["required_resources"]["GPU"] == 1
+                     for r in rehearsal.alive_replicas("ServiceAi-Fast")),
+             timeout_s=1200, interval_s=5, what="Fast at two replicas of a whole GPU")
+    rehearsal.figures["two_nodes_fast_replicas_up_s"] = round(time.monotonic() - deployed, 1)
+    nodes = {n["node_id"]: n["node_name"] for n in rehearsal.ray_list("nodes", "state=ALIVE")}
+    hosts = sorted(nodes[r["node_id"]] for r in rehearsal.alive_replicas("ServiceAi-Fast"))
+    assert hosts == ["gpu_l4", SECOND_L4]
+
+    rng = random.Random(32)
+    conversations = [[{"role": "system", "content": " ".join(
+        f"{rng.choice('abcdefghij')}{rng.randrange(1000)}" for _ in range(300))}] for _ in range(6)]
+    misses = []
+    for turn in range(3):
+        for number, messages in enumerate(conversations):
+            messages.append({"role": "user", "content": f"turn {turn} of {number}"})
+            response = rehearsal.chat("ServiceAi-Fast", messages=messages, max_tokens=8,
+                                      temperature=0)
+            assert response.status_code == 200, response.text
+            reply = response.json()
+            messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+            # Only a conversation's own earlier turns share more than a block with it.
+            if turn and not reply["usage"]["prompt_tokens_details"]["cached_tokens"]:
+                misses.append((number, turn))
+    assert misses == []
