@@ -27,7 +27,7 @@ from tests.conftest import error_of
 pytestmark = pytest.mark.cluster
 
 MODEL_TYPES = ("ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder")
-SECOND_L4 = "gpu_l4_b"
+SPARE_L4S = ("gpu_l4_b", "gpu_l4_c")
 
 
 def type_args(name: str) -> dict[str, Any]:
@@ -272,7 +272,12 @@ async def test_a_lost_worker_node_ends_its_streams_and_serves_again_once_back(re
 def test_a_types_replicas_on_two_nodes_keep_every_conversation_on_its_cache(rehearsal):
     """Prefix affinity across nodes: Fast at two replicas of a whole GPU each, so one per
     gpu_l4 node, and every later turn of a conversation finds its earlier turns cached."""
-    rehearsal.cluster.add_node(worker_node_types()["gpu_l4"], SECOND_L4)
+    # Two more gpu_l4 nodes: a rolling update starts the new replicas before it stops the old
+    # one, which holds half of its node's GPU meanwhile. With one more node only, the second
+    # new replica waited for a GPU nobody freed (seen: 14 minutes, until a third node joined;
+    # in production the cluster's autoscaler adds the node).
+    for name in SPARE_L4S:
+        rehearsal.cluster.add_node(worker_node_types()["gpu_l4"], name)
     coder = type_args("ServiceAi-Coder")
     rehearsal.deploy(model_types={
         "ServiceAi-Fast": {"num_gpus_per_shard": 1,
@@ -280,9 +285,8 @@ def test_a_types_replicas_on_two_nodes_keep_every_conversation_on_its_cache(rehe
         # As the rolling update left it: Coder is not restarted again.
         "ServiceAi-Coder": {"engine_args": {**coder["engine_args"], "max_model_len": 256}},
     })
-    # The new replicas start one after the other (the second takes the GPU the old replica
-    # frees), each an engine on two cores beside the others: 146.6-629.6 s for one in the
-    # rolling update's runs.
+    # Both new replicas start at once, each an engine on two cores beside the others: 62.9 s
+    # for the first in one run (146.6-629.6 s for Coder's in the rolling update's runs).
     deployed = time.monotonic()
     wait_for(lambda: steady(rehearsal, "ServiceAi-Fast", 2)
              and all(r["required_resources"]["GPU"] == 1
@@ -290,8 +294,8 @@ def test_a_types_replicas_on_two_nodes_keep_every_conversation_on_its_cache(rehe
              timeout_s=1200, interval_s=5, what="Fast at two replicas of a whole GPU")
     rehearsal.figures["two_nodes_fast_replicas_up_s"] = round(time.monotonic() - deployed, 1)
     nodes = {n["node_id"]: n["node_name"] for n in rehearsal.ray_list("nodes", "state=ALIVE")}
-    hosts = sorted(nodes[r["node_id"]] for r in rehearsal.alive_replicas("ServiceAi-Fast"))
-    assert hosts == ["gpu_l4", SECOND_L4]
+    hosts = [nodes[r["node_id"]] for r in rehearsal.alive_replicas("ServiceAi-Fast")]
+    assert len(set(hosts)) == 2 and all(h.startswith("gpu_l4") for h in hosts), hosts
 
     rng = random.Random(32)
     conversations = [[{"role": "system", "content": " ".join(
