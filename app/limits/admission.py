@@ -148,6 +148,9 @@ class RateLimits:
         self._monthly_usage = monthly_usage
         self._seeded: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
+        # Refused bodies not yet written, by request window: a burst is one INCRBY per window.
+        self._refused: dict[str, tuple[CounterKeys, int]] = {}
+        self._writing_refused = False
         self._last_failure_log = -math.inf
 
     def plan_limits(self, plan: str) -> Plan:
@@ -348,7 +351,24 @@ class RateLimits:
         types = [model] if isinstance(model, str) and model in plan.root else list(plan.root)
         for model_type in types:
             keys = self._keys(caller, model_type, plan.on(model_type))
-            self.in_background(self.counters.count_request(keys))
+            window = keys.requests_key()
+            self._refused[window] = (keys, self._refused.get(window, (keys, 0))[1] + 1)
+        if not self._writing_refused:
+            self._writing_refused = True
+            self.in_background(self._write_refused())
+
+    async def _write_refused(self) -> None:
+        """Write the refused bodies counted so far, and those counted while writing, until none
+        are left (one write per window per round trip, however many bodies came meanwhile)."""
+        while self._refused:
+            counted, self._refused = self._refused, {}
+            for failed in await asyncio.gather(
+                *(self.counters.count_request(keys, requests) for keys, requests in counted.values()),
+                return_exceptions=True,
+            ):
+                if isinstance(failed, Exception):
+                    logger.warning("Rate-limit storage write failed: %s", type(failed).__name__)
+        self._writing_refused = False
 
     def _storage_failed(self, exc: Exception) -> Admission:
         now = time.monotonic()

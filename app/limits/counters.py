@@ -151,8 +151,8 @@ class Counters(Protocol):
         its slot. `same_window`: the minute's window the reservation went to is still open
         (else the tokens go to the window of the moment, the reservation having gone)."""
 
-    async def count_request(self, keys: CounterKeys) -> None:
-        """Count a request refused before admission (an invalid body) in its window."""
+    async def count_request(self, keys: CounterKeys, requests: int = 1) -> None:
+        """Count requests refused before admission (invalid bodies) in their window."""
 
     async def seed(self, key: str, tokens: int, expiry_s: int) -> None:
         """Start a budget's window at `tokens` (what the key store says was used), unless it
@@ -245,8 +245,8 @@ class MemoryCounters:
             if await self._windows.get(key) == 0 and tokens > 0:
                 await self._windows.incr(key, expiry_s, tokens)
 
-    async def count_request(self, keys: CounterKeys) -> None:
-        await self._windows.incr(keys.requests_key(), keys.requests.get_expiry())
+    async def count_request(self, keys: CounterKeys, requests: int = 1) -> None:
+        await self._windows.incr(keys.requests_key(), keys.requests.get_expiry(), requests)
 
     async def requests_used(self, keys: CounterKeys) -> int:
         return await self._windows.get(keys.requests_key())
@@ -444,10 +444,10 @@ class RedisCounters:
         if tokens > 0:
             await self._redis.set(self._key(key), tokens, ex=expiry_s, nx=True)
 
-    async def count_request(self, keys: CounterKeys) -> None:
+    async def count_request(self, keys: CounterKeys, requests: int = 1) -> None:
         name = self._key(keys.requests_key())
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.incrby(name, 1).expire(name, keys.requests.get_expiry(), nx=True)
+            pipe.incrby(name, requests).expire(name, keys.requests.get_expiry(), nx=True)
             await pipe.execute()
 
     async def requests_used(self, keys: CounterKeys) -> int:

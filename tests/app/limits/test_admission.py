@@ -176,6 +176,31 @@ async def test_two_replicas_on_one_redis_share_the_limit_exactly():
         await replicas[0].counters.clear()
 
 
+class _CountingWrites(MemoryCounters):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    async def count_request(self, keys, requests: int = 1) -> None:
+        self.writes += 1
+        await asyncio.sleep(0)  # a round trip, during which more bodies are refused
+        await super().count_request(keys, requests)
+
+
+async def test_a_burst_of_refused_bodies_is_counted_whole_in_a_few_writes():
+    storage = _CountingWrites()
+    limits, who = RateLimits(PLANS, storage), caller()
+    for _ in range(500):
+        limits.count_refused(who, FAST)
+    await asyncio.sleep(0)  # the first write is under way
+    for _ in range(500):
+        limits.count_refused(who, FAST)
+    await limits.written()
+    keys = limits._keys(who, FAST, PLANS.get(who.plan).on(FAST))
+    assert await storage.requests_used(keys) == 1000
+    assert storage.writes == 2  # not a thousand writes queueing for the storage's connections
+
+
 @pytest.mark.parametrize("fail_open", [True, False])
 async def test_unreachable_redis_fails_open_or_closed_as_configured(fail_open, caplog):
     storage = open_counters(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
