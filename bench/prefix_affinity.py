@@ -12,7 +12,9 @@ Results: bench/results/<stamp>-affinity.json and a table on stdout (bench/NOTES.
 
 `--shared-system` gives every conversation the same system prompt (one hot prefix, as an agent
 framework's instructions are): what the load bound `max_imbalance` is for. `--max-imbalance
-2,8` measures the router once per bound; `--without-ray-llm` leaves Ray Serve LLM out.
+2,8` measures the router once per bound; `--without-ray-llm` leaves Ray Serve LLM out;
+`--ingress-replicas 2` runs this service's ingress as production does, on more than one replica
+(each with its own router).
 """
 
 from __future__ import annotations
@@ -135,13 +137,15 @@ async def workload(server: Server, shared_system: bool) -> dict[str, float]:
 
 
 def setups(target: BenchTarget, log_dir: Path, replicas: list[int], bounds: list[int],
-           with_ray: bool) -> list[tuple[str, Callable[[], AbstractContextManager[Server]]]]:
+           with_ray: bool, ingress_replicas: int = 1
+           ) -> list[tuple[str, Callable[[], AbstractContextManager[Server]]]]:
     def ours(count: int, affinity: bool, bound: int = bounds[0]
              ) -> Callable[[], AbstractContextManager[Server]]:
         settings = {"num_replicas": count, "num_cpus": 0.25, "prefix_affinity": affinity,
                     "max_imbalance": bound}
         name = f"serviceai-{count}-{f'affinity-{bound}' if affinity else 'pow2'}.log"
-        return lambda: serviceai(target, free_port(), log_dir, {}, settings, name)
+        return lambda: serviceai(target, free_port(), log_dir, {}, settings, name,
+                                 ingress_replicas=ingress_replicas)
 
     def rays(count: int) -> Callable[[], AbstractContextManager[Server]]:
         return lambda: ray_serve_llm(target, free_port(), log_dir, direct=False,
@@ -184,6 +188,8 @@ def main() -> None:
     parser.add_argument("--max-imbalance", default=str(MAX_IMBALANCE),
                         help="the router's load bounds to measure, comma-separated")
     parser.add_argument("--without-ray-llm", action="store_true", help="leave Ray Serve LLM out")
+    parser.add_argument("--ingress-replicas", type=int, default=1,
+                        help="this service's ingress replicas (production runs at least 2)")
     args = parser.parse_args()
     if args.model == "tiny":
         target = bench_target(None, {}, [IN_FLIGHT], gpu=False)
@@ -195,7 +201,8 @@ def main() -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="sai-affinity-"))
     results: dict[str, dict[str, float]] = {}
     plan = setups(target, log_dir, [int(n) for n in args.replicas.split(",")],
-                  [int(n) for n in args.max_imbalance.split(",")], not args.without_ray_llm)
+                  [int(n) for n in args.max_imbalance.split(",")], not args.without_ray_llm,
+                  args.ingress_replicas)
     for name, start in plan:
         print(f"{name} ...", flush=True)
         with start() as server:
@@ -206,7 +213,8 @@ def main() -> None:
     summary = {
         "workload": {"conversations": CONVERSATIONS, "turns": TURNS, "in_flight": IN_FLIGHT,
                      "system_words": SYSTEM_WORDS, "max_tokens": MAX_TOKENS, "model_type": BENCH_TYPE,
-                     "model": args.model, "shared_system": args.shared_system},
+                     "model": args.model, "shared_system": args.shared_system,
+                     "ingress_replicas": args.ingress_replicas},
         "results": results, "logs": str(log_dir),
     }
     (RESULTS / f"{stamp}-affinity-{args.model}.json").write_text(json.dumps(summary, indent=2))

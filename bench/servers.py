@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import secrets
 import socket
 import subprocess
 import sys
@@ -113,12 +114,14 @@ def service_model_type(target: BenchTarget) -> dict[str, Any]:
 
 
 def service_config(target: BenchTarget, port: int, model_type: dict[str, Any] | None = None,
-                   plans: dict[str, Any] | None = None) -> dict[str, Any]:
+                   plans: dict[str, Any] | None = None, ingress_replicas: int = 1
+                   ) -> dict[str, Any]:
     """serve_config.yaml as the benchmark runs it: the benchmarked type alone, on `port`, with
     the settings in `model_type` on top (and `plans` instead of one generous free plan)."""
     config = yaml.safe_load(SERVE_CONFIG.read_text())
     config["http_options"]["port"] = port
     [app] = config["applications"]
+    app["args"]["ingress"]["num_replicas"] = ingress_replicas
     app["args"]["model_types"] = [{**service_model_type(target), **(model_type or {})}]
     # Every request still passes the rate-limit check (its cost is measured), never refused.
     app["args"]["plans"] = plans or {"free": {BENCH_TYPE: BENCH_LIMITS}}
@@ -246,13 +249,16 @@ def bare_vllm(target: BenchTarget, port: int, log_dir: Path) -> Iterator[Server]
 @contextmanager
 def serviceai(target: BenchTarget, port: int, log_dir: Path, extra_env: dict[str, str],
               model_type: dict[str, Any] | None = None, log_name: str = "serviceai.log",
-              plans: dict[str, Any] | None = None) -> Iterator[Server]:
+              plans: dict[str, Any] | None = None, ingress_replicas: int = 1) -> Iterator[Server]:
     """This service as `make run` starts it (`serve run`), with only the benchmarked model type
-    (and the settings in `model_type` on top of the profile's, the `plans` if given)."""
-    config = service_config(target, port, model_type, plans)
+    (and the settings in `model_type` on top of the profile's, the `plans` if given).
+    Several ingress replicas count limits each in its own memory: generous plans only."""
+    config = service_config(target, port, model_type, plans, ingress_replicas)
     ray_tmp = Path(tempfile.mkdtemp(prefix="saib-", dir="/tmp"))
     runtime = cluster_env(ray_tmp / "h", free_port)
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **runtime, **extra_env}
+    if ingress_replicas > 1:
+        env.setdefault("SERVICEAI_SESSION_SECRET", secrets.token_hex(32))
     api_key = _provision_key(env, ray_tmp)
     server = Server("ServiceAi", f"http://127.0.0.1:{port}", api_key, BENCH_TYPE, ray_tmp)
     with _serve_run(server, config, env, log_dir / log_name, target.start_timeout_s):

@@ -6,9 +6,17 @@ cheap only on the replica that served turn k. `ServiceRouter` (Serve's public cu
 API, one instance per deployment handle, in the ingress process) keeps, per replica, the
 hashes of the leading blocks of the prompts it sent there, and sends a request to the replica
 that holds the longest prefix of its prompt, unless that replica runs `max_imbalance` more
-requests than the least busy one (then it spills to the power of two choices, as a request
-that matches nothing does). /v1/responses with `previous_response_id` needs nothing more:
-the gateway resolves it into the whole conversation, whose prefix is the previous turn's.
+requests than the least busy one (then it spills to the power of two choices).
+/v1/responses with `previous_response_id` needs nothing more: the gateway resolves it into
+the whole conversation, whose prefix is the previous turn's.
+
+That index is per ingress replica, and the turns of one conversation reach whichever ingress
+replica Serve's proxy picks. So a request that no replica is known to hold all of the first
+turn of goes to its conversation's home: of the replicas, the one that ranks first for a hash
+of that first turn (rendezvous hashing). Every ingress replica ranks them alike, so a new
+conversation starts on its home and its later turns return there whatever ingress replica
+they pass through; a replica that comes or goes moves only the conversations homed on it.
+The same load bound applies to a home.
 
 What a replica holds ages out as vLLM's cache evicts: least recently used first, within the
 cache's size that the replica reports (`record_routing_stats`), the tail of a prompt before
@@ -19,6 +27,7 @@ Stream feeds (deployments.feed_hub) are pinned to the replica they name.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import OrderedDict
 from typing import Any
@@ -45,8 +54,9 @@ AFFINE_METHODS = frozenset({"stream", "reply"})
 
 DECISIONS = Counter(
     "serviceai_router_decisions",
-    description="Model replicas chosen by the ingress, by why: `affinity` (holds a prefix of "
-    "the prompt), `spill` (held one but was too busy), `balance` (no replica held one).",
+    description="Model replicas chosen by the ingress, by why: `affinity` (holds the "
+    "conversation so far), `home` (the conversation's home replica: no replica was known to hold "
+    "it), `spill` (the one preferred was too busy).",
     tag_keys=("model_type", "decision"),
 )
 
@@ -61,6 +71,35 @@ def prompt_text(api: str, body: dict[str, Any]) -> bytes:
     else:
         head, conversation = None, body.get("prompt")
     return orjson.dumps(head) + orjson.dumps(conversation)
+
+
+def first_turn_text(api: str, body: dict[str, Any]) -> bytes:
+    """The head of `prompt_text` that every turn of a conversation starts with: up to the end
+    of its first user message (the first block of a bare prompt)."""
+    if api == "completion":
+        return prompt_text(api, body)[:BLOCK_BYTES]
+    if api == "chat":
+        head, conversation = body.get("tools"), body.get("messages")
+    else:
+        head, conversation = [body.get("instructions"), body.get("tools")], body.get("input")
+    if isinstance(conversation, list):
+        for end, message in enumerate(conversation, 1):
+            if isinstance(message, dict) and message.get("role") == "user":
+                # Without the list's closing bracket, which a longer conversation has further on.
+                return orjson.dumps(head) + orjson.dumps(conversation[:end])[:-1]
+    return orjson.dumps(head) + orjson.dumps(conversation)
+
+
+def home_key(first_turn: bytes) -> bytes:
+    """What names a conversation alike in every process (Python's `hash` of bytes differs)."""
+    return hashlib.blake2b(first_turn, digest_size=8).digest()
+
+
+def home(key: bytes, replicas: list[RunningReplica]) -> RunningReplica:
+    """The replica that ranks first for this conversation (rendezvous hashing): the same in
+    every process, and moved only when that replica leaves."""
+    return max(replicas, key=lambda r: hashlib.blake2b(
+        key + r.replica_id.unique_id.encode(), digest_size=8).digest())
 
 
 def block_hashes(text: bytes) -> list[int]:
@@ -140,15 +179,19 @@ class PrefixIndex:
 class Routing:
     """What the router knows of one request it has not routed yet."""
 
-    __slots__ = ("hashes", "decision")
+    __slots__ = ("hashes", "first_blocks", "home_key", "decision")
 
-    def __init__(self, hashes: list[int]) -> None:
-        self.hashes = hashes
-        self.decision = "balance"
+    def __init__(self, api: str, body: dict[str, Any]) -> None:
+        self.hashes = block_hashes(prompt_text(api, body))
+        first_turn = first_turn_text(api, body)
+        self.first_blocks = len(first_turn) // BLOCK_BYTES  # whole blocks: in every later turn
+        self.home_key = home_key(first_turn)
+        self.decision = "home"
 
 
 class ServiceRouter(RequestRouter):
-    """Prefix affinity bounded by load; the power of two choices for the rest; feeds pinned."""
+    """Prefix affinity, else the conversation's home, bounded by load; the power of two choices
+    for the rest; feeds pinned."""
 
     def initialize_state(
         self, model_type: str = "", prefix_affinity: bool = True, max_imbalance: int = MAX_IMBALANCE
@@ -175,16 +218,17 @@ class ServiceRouter(RequestRouter):
             return [two_choices(candidate_replicas)]
         by_id = {r.replica_id: r for r in candidate_replicas}
         depth, holders = self._index.longest(routing.hashes, set(by_id))
-        if not depth:
-            routing.decision = "balance"
-            return [two_choices(candidate_replicas)]
+        if depth and depth >= routing.first_blocks:
+            routing.decision = "affinity"
+        else:  # a new conversation, or one that another ingress replica placed
+            routing.decision = "home"
+            holders = {home(routing.home_key, candidate_replicas).replica_id}
         loads = self._loads(candidate_replicas)
         least = min(loads.values(), default=0)
         preferred = [by_id[r] for r in holders if loads.get(r, least) - least < self._max_imbalance]
         if not preferred:
             routing.decision = "spill"
             return [two_choices(candidate_replicas)]
-        routing.decision = "affinity"
         # A preferred replica that is full is passed over for the next rank at once.
         return [preferred, two_choices(candidate_replicas)]
 
@@ -226,7 +270,7 @@ class ServiceRouter(RequestRouter):
             or len(args) < 2
         ):
             return None
-        routing = self._pending[request_id] = Routing(block_hashes(prompt_text(args[0], args[1])))
+        routing = self._pending[request_id] = Routing(args[0], args[1])
         if len(self._pending) > MAX_PENDING:  # requests cancelled before they were routed
             self._pending.popitem(last=False)
         return routing

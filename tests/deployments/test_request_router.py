@@ -1,4 +1,5 @@
-"""The ingress's choice of model replica: prefix affinity, bounded by load; feeds pinned."""
+"""The ingress's choice of model replica: prefix affinity, else the conversation's home,
+bounded by load; feeds pinned."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from deployments.request_router import (
     PrefixIndex,
     ServiceRouter,
     block_hashes,
+    first_turn_text,
     prompt_text,
 )
 
@@ -93,17 +95,55 @@ def test_the_index_finds_the_longest_prefix_and_forgets_tails_first():
     assert index.replicas() == {b}
 
 
-async def test_a_conversation_returns_to_the_replica_that_holds_it(decisions):
+def test_every_turn_of_a_conversation_starts_with_its_first_turn():
+    first = chat("hello").args[1]
+    later = chat("hello", "more").args[1]
+    for api, body in (("chat", first), ("chat", later)):
+        assert prompt_text(api, body).startswith(first_turn_text(api, body))
+    assert first_turn_text("chat", first) == first_turn_text("chat", later)
+    assert first_turn_text("chat", chat("hi").args[1]) != first_turn_text("chat", first)
+    items = [{"type": "message", "role": "user", "content": "hi"}]
+    turn = {"instructions": "x", "input": items}
+    assert first_turn_text("responses", turn) == first_turn_text(
+        "responses", {**turn, "input": [*items, {"type": "message", "role": "assistant"}]})
+    assert first_turn_text("completion", {"prompt": "p" * 1000}) == b'null"' + b"p" * 251
+
+
+async def test_a_conversation_starts_on_its_home_and_returns_to_the_replica_that_holds_it(
+    decisions,
+):
     router = Router()
     replicas = [replica(name) for name in "abcd"]
     first = chat("hello", request_id="1")
-    [pair] = await router.choose_replicas(replicas, first)
-    router.routed(first, pair[0])
+    ranks = await router.choose_replicas(replicas, first)
+    assert len(ranks[0]) == 1 and len(ranks[1]) == 2
+    router.routed(first, ranks[1][0])  # its home was full: the next rank took it
     second = chat("hello", "more", request_id="2")
-    ranks = await router.choose_replicas(replicas, second)
-    assert ranks[0] == [pair[0]] and len(ranks[1]) == 2
-    router.routed(second, pair[0])
-    assert decisions == ["balance", "affinity"]
+    assert (await router.choose_replicas(replicas, second))[0] == [ranks[1][0]]
+    router.routed(second, ranks[1][0])
+    assert decisions == ["home", "affinity"]
+
+
+async def test_every_ingress_replica_sends_a_conversation_home_and_homes_spread():
+    """Each ingress replica has its own router and index: a turn through another one finds
+    the conversation on its home all the same."""
+    replicas = [replica(name) for name in "abcd"]
+    homes = set()
+    for number in range(40):
+        turns = [chat(f"conversation {number}", "x" * turn, request_id=f"{number}.{turn}")
+                 for turn in range(3)]
+        chosen = []
+        for turn in turns:
+            router = Router()  # a turn through an ingress replica that never saw it
+            [home], _ = await router.choose_replicas(replicas, turn)
+            chosen.append(home.replica_id)
+        assert len(set(chosen)) == 1
+        homes.add(chosen[0])
+        # A replica that leaves moves only the conversations homed on it.
+        rest = [r for r in replicas if r.replica_id != replicas[0].replica_id]
+        [moved], _ = await Router().choose_replicas(rest, turns[0])
+        assert moved.replica_id == chosen[0] or chosen[0] == replicas[0].replica_id
+    assert len(homes) == 4
 
 
 async def test_a_busy_holder_spills_to_the_least_busy(decisions):
@@ -111,7 +151,7 @@ async def test_a_busy_holder_spills_to_the_least_busy(decisions):
     a, b = replica("a"), replica("b")
     first = chat("hello", request_id="1")
     await router.choose_replicas([a, b], first)
-    router.routed(first, a)
+    router.routed(first, a)  # home or not: a holds it now
     router.replica_queue_len_cache.update({a.replica_id: 5, b.replica_id: 1})
     second = chat("hello", "more " * 100, request_id="2")
     assert (await router.choose_replicas([a, b], second))[0] in ([a, b], [b, a])
@@ -121,7 +161,7 @@ async def test_a_busy_holder_spills_to_the_least_busy(decisions):
     # b holds more of it; a, less busy than the bound now, holds only its head.
     assert (await router.choose_replicas([a, b], third))[0] == [b]
     router.routed(third, b)
-    assert decisions == ["balance", "spill", "affinity"]
+    assert decisions == ["home", "spill", "affinity"]
 
 
 async def test_replicas_that_leave_take_their_entries_with_them():
@@ -133,7 +173,7 @@ async def test_replicas_that_leave_take_their_entries_with_them():
     router._index.drop(a.replica_id)  # as update_replicas does for a replica gone
     second = chat("hello", request_id="2")
     ranks = await router.choose_replicas([b], second)
-    assert ranks == [[b]]
+    assert ranks == [[b], [b]]  # b: its home now
 
 
 async def test_other_calls_go_anywhere_and_feeds_to_the_replica_they_name():

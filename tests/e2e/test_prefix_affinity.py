@@ -1,6 +1,7 @@
 """Prefix-cache affinity across replicas (deployments.request_router): with two replicas of a
-type, every later turn of a conversation lands where its earlier turns' prefix is cached, on
-chat and on /v1/responses with `previous_response_id`."""
+type behind two ingress replicas (each with its own router, as in production), every later
+turn of a conversation lands where its earlier turns' prefix is cached, whichever ingress
+replica it passes through, on chat and on /v1/responses with `previous_response_id`."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ TURNS = 3
 
 @pytest.fixture(scope="module")
 def two_replicas(stack):
-    """A base URL of an application whose ServiceAi-Fast runs two replicas."""
+    """A base URL of an application of two ingress replicas whose ServiceAi-Fast runs two
+    replicas."""
     args = app_args()
     fast = dict(args["model_types"][0], num_replicas=2, num_cpus=0.25)
     args = dict(args, model_types=[fast])
@@ -30,12 +32,14 @@ def two_replicas(stack):
         name: {"ServiceAi-Fast": plan["ServiceAi-Fast"]} for name, plan in args["plans"].items()
     }
     args["ingress"] = dict(
-        args["ingress"], num_cpus=0.25, env_vars={"SERVICEAI_DATABASE_URL": stack.database_url}
+        args["ingress"], num_replicas=2, num_cpus=0.25,
+        env_vars={"SERVICEAI_DATABASE_URL": stack.database_url},
     )
     serve.run(build_app(args), name=APP, route_prefix=f"/{APP}")
     try:
-        replicas = serve.status().applications[APP].deployments["ServiceAi-Fast"].replica_states
-        assert replicas == {"RUNNING": 2}
+        deployments = serve.status().applications[APP].deployments
+        for name in ("Ingress", "ServiceAi-Fast"):
+            assert deployments[name].replica_states == {"RUNNING": 2}, name
         yield f"{stack.origin}/{APP}/v1"
     finally:
         serve.delete(APP)
