@@ -40,6 +40,8 @@ def test_only_what_the_override_names_differs_from_production():
         assert {k: after["args"][k] for k in untouched} == {k: before["args"][k] for k in untouched}
         assert after["args"]["model"] == "tiny"
         assert after["args"]["accelerator_type"] == before["args"]["accelerator_type"]
+        policy = "scheduling_policy"
+        assert after["args"]["engine_args"][policy] == before["args"]["engine_args"][policy]
     # The ingress names the types, as production does; their entries are their own apps' args.
     ingress = rehearsal["applications"][3]["args"]
     assert ingress["model_types"] == [a["name"] for a in rehearsal["applications"][:3]]
