@@ -11,9 +11,9 @@ requests than the least busy one (then it spills to the power of two choices).
 the whole conversation, whose prefix is the previous turn's.
 
 That index is per ingress replica, and the turns of one conversation reach whichever ingress
-replica Serve's proxy picks. So a request that no replica is known to hold all of the first
-turn of goes to its conversation's home: of the replicas, the one that ranks first for a hash
-of that first turn (rendezvous hashing). Every ingress replica ranks them alike, so a new
+replica Serve's proxy picks. So a request whose first turn this index finds on no replica goes
+to its conversation's home: of the replicas, the one that ranks first for a hash of that first
+turn (rendezvous hashing). Every ingress replica ranks them alike, so a new
 conversation starts on its home and its later turns return there whatever ingress replica
 they pass through; a replica that comes or goes moves only the conversations homed on it.
 The same load bound applies to a home.
