@@ -61,33 +61,33 @@ DECISIONS = Counter(
 )
 
 
-def prompt_text(api: str, body: dict[str, Any]) -> bytes:
-    """What the engine renders first, serialised in the order it renders it: tools (chat
-    templates put them in the system prompt), then the conversation or prompt."""
+def rendered(api: str, body: dict[str, Any]) -> tuple[Any, Any]:
+    """What the engine renders first, in the order it renders it: tools (chat templates put
+    them in the system prompt), then the conversation or prompt."""
     if api == "chat":
-        head, conversation = body.get("tools"), body.get("messages")
-    elif api == "responses":
-        head, conversation = [body.get("instructions"), body.get("tools")], body.get("input")
-    else:
-        head, conversation = None, body.get("prompt")
+        return body.get("tools"), body.get("messages")
+    if api == "responses":
+        return [body.get("instructions"), body.get("tools")], body.get("input")
+    return None, body.get("prompt")
+
+
+def prompt_text(api: str, body: dict[str, Any]) -> bytes:
+    """`rendered`, serialised."""
+    head, conversation = rendered(api, body)
     return orjson.dumps(head) + orjson.dumps(conversation)
 
 
 def first_turn_text(api: str, body: dict[str, Any]) -> bytes:
     """The head of `prompt_text` that every turn of a conversation starts with: up to the end
     of its first user message (the first block of a bare prompt)."""
-    if api == "completion":
-        return prompt_text(api, body)[:BLOCK_BYTES]
-    if api == "chat":
-        head, conversation = body.get("tools"), body.get("messages")
-    else:
-        head, conversation = [body.get("instructions"), body.get("tools")], body.get("input")
-    if isinstance(conversation, list):
+    head, conversation = rendered(api, body)
+    if api != "completion" and isinstance(conversation, list):
         for end, message in enumerate(conversation, 1):
             if isinstance(message, dict) and message.get("role") == "user":
                 # Without the list's closing bracket, which a longer conversation has further on.
                 return orjson.dumps(head) + orjson.dumps(conversation[:end])[:-1]
-    return orjson.dumps(head) + orjson.dumps(conversation)
+    text = orjson.dumps(head) + orjson.dumps(conversation)
+    return text[:BLOCK_BYTES] if api == "completion" else text
 
 
 def home_key(first_turn: bytes) -> bytes:
