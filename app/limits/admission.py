@@ -362,12 +362,8 @@ class RateLimits:
         are left (one write per window per round trip, however many bodies came meanwhile)."""
         while self._refused:
             counted, self._refused = self._refused, {}
-            for failed in await asyncio.gather(
-                *(self.counters.count_request(keys, requests) for keys, requests in counted.values()),
-                return_exceptions=True,
-            ):
-                if isinstance(failed, Exception):
-                    logger.warning("Rate-limit storage write failed: %s", type(failed).__name__)
+            await asyncio.gather(*(self._logged(self.counters.count_request(keys, requests))
+                                   for keys, requests in counted.values()))
         self._writing_refused = False
 
     def _storage_failed(self, exc: Exception) -> Admission:
