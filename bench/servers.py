@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ import psutil
 import yaml
 
 from app.accounts.keystore import open_store
-from app.serving.ray_runtime import cluster_env
+from app.serving.ray_runtime import cluster_env, free_port
 from app.config.settings import Settings
 from deployments.model_type import TINY_MODEL, ModelTypeConfig, tiny_model_dir
 from deployments.tiny_model import ensure
@@ -339,12 +338,6 @@ def provision_key(database_url: str, email: str, plan: str = "free") -> str:
             await store.database.close()
 
     return asyncio.run(issue())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _uses(process: psutil.Process, path: Path) -> bool:

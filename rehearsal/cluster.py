@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from app.serving.ray_runtime import cluster_env
+from app.serving.ray_runtime import cluster_env, free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_CONFIG = PROJECT_ROOT / "cluster.yaml"
@@ -34,12 +33,7 @@ STATE_FILE = "cluster.json"
 # Logical CPUs each worker node advertises; replicas of the rehearsal ask for fractions.
 NODE_CPUS = 2
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+START_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -172,26 +166,39 @@ class LocalCluster:
             self._save()
 
     def _start(self, name: str, http_port: int, flags: list[str]) -> Node:
+        """`ray start`, tried again with fresh ports if it fails: on a loaded machine a node can
+        lose a port it was given, or miss Ray's 30 s to register with the GCS."""
         if name in self.nodes:
             raise ValueError(f"node {name!r} already runs")
         env = {**os.environ, **self.env, **self._node_env(http_port)}
-        command = [str(Path(sys.executable).with_name("ray")), "start", f"--node-ip-address={HOST}",
-                   f"--node-name={name}", f"--node-manager-port={free_port()}",
-                   f"--object-manager-port={free_port()}", f"--metrics-export-port={free_port()}",
-                   f"--dashboard-agent-listen-port={free_port()}",
-                   f"--dashboard-agent-grpc-port={free_port()}",
-                   f"--runtime-env-agent-port={free_port()}",
-                   "--object-store-memory=268435456", "--disable-usage-stats", *flags]
-        log = open(self.root / f"{name}.start.log", "ab")
-        # A session of its own: the node's processes share its id (see _signal_session).
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
-        node = Node(name, process.pid, http_port)
-        self.nodes[name] = node
-        self._save()
-        if process.wait(timeout=120) != 0:
-            raise RuntimeError(f"`ray start` of {name} failed; see {log.name}")
-        return node
+        log_path = self.root / f"{name}.start.log"
+        for attempt in range(1, START_ATTEMPTS + 1):
+            command = [str(Path(sys.executable).with_name("ray")), "start", f"--node-ip-address={HOST}",
+                       f"--node-name={name}", f"--node-manager-port={free_port()}",
+                       f"--object-manager-port={free_port()}", f"--metrics-export-port={free_port()}",
+                       f"--dashboard-agent-listen-port={free_port()}",
+                       f"--dashboard-agent-grpc-port={free_port()}",
+                       f"--runtime-env-agent-port={free_port()}",
+                       "--object-store-memory=268435456", "--disable-usage-stats", *flags]
+            with open(log_path, "ab") as log:
+                log.write(f"--- attempt {attempt}: {' '.join(command)}\n".encode())
+                log.flush()
+                # A session of its own: the node's processes share its id (see _signal_session).
+                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, start_new_session=True)
+            node = Node(name, process.pid, http_port)
+            self.nodes[name] = node
+            self._save()
+            if process.wait(timeout=120) == 0:
+                return node
+            # Whatever this try left running (a raylet that never registered) goes first.
+            del self.nodes[name]
+            self._save()
+            _signal_session(node.session, signal.SIGKILL)
+            _wait_session_gone(node.session, timeout_s=30)
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"`ray start` of {name} failed {START_ATTEMPTS} times; "
+                           f"the end of {log_path}:\n{tail}")
 
     def _node_env(self, http_port: int) -> dict[str, str]:
         """Serve's runtime for this node: its own HAProxy ports (one machine). HAProxy's files

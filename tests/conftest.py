@@ -7,7 +7,6 @@ import fcntl
 import os
 import secrets
 import shutil
-import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from app.accounts.keystore import Database, KeyStore
-from app.serving.ray_runtime import cluster_env
+from app.serving.ray_runtime import cluster_env, free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
@@ -34,12 +33,6 @@ POSTGRES = os.environ.get("SERVICEAI_TEST_POSTGRES", "postgresql://postgres@127.
 REDIS = os.environ.get("SERVICEAI_TEST_REDIS", "redis://127.0.0.1:6379/0")
 RUN_ID = f"serviceai_test_{os.getpid()}_{secrets.token_hex(3)}"
 BACKENDS = ["sqlite", "postgresql"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def error_of(response, status: int) -> dict:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import sys
 import tempfile
 import time
@@ -18,7 +17,7 @@ from app.cli.accounts import EXIT_CODES, keys, usage, users, with_store
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.errors import UserNotFound
 from app.cli.serve_process import PortRefused, ServeRun, claim_runtime_dir, clear_port
-from app.serving.ray_runtime import cluster_env
+from app.serving.ray_runtime import cluster_env, free_port
 from app.config.settings import PROJECT_ROOT
 
 cli = typer.Typer(help="ServiceAi: OpenAI-compatible chat completions on Ray Serve and vLLM.")
@@ -58,7 +57,7 @@ def run(
     port = port or http.get("port", 8000)
     # HAProxy's files and ports of this cluster, apart from any other on this machine.
     runtime_dir = Path(tempfile.gettempdir()) / f"sai-h-{port}"
-    runtime = cluster_env(runtime_dir, _free_port)
+    runtime = cluster_env(runtime_dir, free_port)
     try:
         with claim_runtime_dir(runtime_dir, port):
             clear_port(runtime_dir, host, port, typer.echo)
@@ -105,12 +104,6 @@ async def _first_start_key(store: KeyStore) -> tuple[str | None, str]:
     except UserNotFound:
         return None, "<your email>"
     return None, LOCAL_USER
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_ready(origin: str, serve: ServeRun, timeout_s: float) -> bool:

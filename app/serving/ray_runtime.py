@@ -7,6 +7,8 @@ benchmark, and `ray start` in cluster.yaml. Measured effect: bench/NOTES.md.
 
 from __future__ import annotations
 
+import random
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +34,41 @@ SERVE_ENV: dict[str, str] = {
     # A client's x-request-id is checked (length, characters) before Serve adopts it.
     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "app.observability.request_id:http_middlewares",
 }
+
+
+# Ports free_port has handed out in this process: never the same one twice.
+_HANDED_OUT: set[int] = set()
+# Ray's worker processes take ports from 10002-19999 (its default range); free ports start above.
+FIRST_FREE_PORT = 20000
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on, for a server started next (a Ray node, Serve's proxies, a
+    test's database).
+
+    Chosen below the kernel's ephemeral range where it can be: a port from that range can be
+    taken as the local end of some outgoing connection between now and the server's own bind,
+    which made a rehearsal node's `ray start` fail on a busy machine. Never the same port twice
+    in one process, where two components asked for at once would otherwise share one.
+    """
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(1000):
+        if ephemeral_low > FIRST_FREE_PORT + 1000:
+            port = random.randrange(FIRST_FREE_PORT, ephemeral_low)
+        else:
+            with socket.socket() as sock:
+                sock.bind((host, 0))
+                port = sock.getsockname()[1]
+        if port in _HANDED_OUT:
+            continue
+        try:
+            with socket.socket() as sock:
+                sock.bind((host, port))
+        except OSError:
+            continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port found in 1000 tries")
 
 
 MAX_STATE_DIR_CHARS = 28

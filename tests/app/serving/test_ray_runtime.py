@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from itertools import count
+import socket
 from pathlib import Path
 
 import pytest
 
-from app.serving.ray_runtime import PER_MACHINE_PORTS, SERVE_ENV, cluster_env
+from app.serving import ray_runtime
+from app.serving.ray_runtime import FIRST_FREE_PORT, PER_MACHINE_PORTS, SERVE_ENV, cluster_env, free_port
 from ray.serve._private import constants
 
 
@@ -31,3 +33,27 @@ def test_each_port_is_one_ray_serve_reads_from_the_environment(name):
 def test_a_state_dir_too_long_for_haproxys_socket_path_is_refused():
     with pytest.raises(ValueError, match="97"):
         cluster_env(Path("/tmp/a-folder-name-far-too-long-for-haproxy"))
+
+
+def ephemeral_low() -> int:
+    return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+
+
+def test_free_ports_are_never_handed_out_twice_and_stay_out_of_the_ephemeral_range():
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    if ephemeral_low() > FIRST_FREE_PORT + 1000:
+        assert all(FIRST_FREE_PORT <= port < ephemeral_low() for port in ports)
+
+
+def test_a_port_something_listens_on_is_passed_over(monkeypatch):
+    if ephemeral_low() <= FIRST_FREE_PORT + 1000:
+        pytest.skip("this kernel's ephemeral range leaves no room below it")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", free_port()))
+        listener.listen()
+        taken = listener.getsockname()[1]
+        picks = iter([taken, taken + 1])
+        monkeypatch.setattr(ray_runtime.random, "randrange", lambda *_: next(picks))
+        monkeypatch.setattr(ray_runtime, "_HANDED_OUT", set())  # as if another process chose it
+        assert free_port() == taken + 1
