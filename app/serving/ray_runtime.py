@@ -40,6 +40,8 @@ SERVE_ENV: dict[str, str] = {
 _HANDED_OUT: set[int] = set()
 # Ray's worker processes take ports from 10002-19999 (its default range); free ports start above.
 FIRST_FREE_PORT = 20000
+# Its own generator: a test that seeds `random` must not make two processes pick alike.
+_PICK = random.Random()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -54,7 +56,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(1000):
         if ephemeral_low > FIRST_FREE_PORT + 1000:
-            port = random.randrange(FIRST_FREE_PORT, ephemeral_low)
+            port = _PICK.randrange(FIRST_FREE_PORT, ephemeral_low)
         else:
             with socket.socket() as sock:
                 sock.bind((host, 0))

@@ -54,6 +54,6 @@ def test_a_port_something_listens_on_is_passed_over(monkeypatch):
         listener.listen()
         taken = listener.getsockname()[1]
         picks = iter([taken, taken + 1])
-        monkeypatch.setattr(ray_runtime.random, "randrange", lambda *_: next(picks))
+        monkeypatch.setattr(ray_runtime._PICK, "randrange", lambda *_: next(picks))
         monkeypatch.setattr(ray_runtime, "_HANDED_OUT", set())  # as if another process chose it
         assert free_port() == taken + 1
