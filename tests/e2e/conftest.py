@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
 import httpx
 import openai
 import pytest
@@ -32,6 +35,23 @@ def client(stack: Stack) -> openai.OpenAI:
 @pytest.fixture(scope="session")
 def async_client(stack: Stack) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=0)
+
+
+@asynccontextmanager
+async def async_clients(base_url: str, *keys: str) -> AsyncIterator[tuple[openai.AsyncOpenAI, ...]]:
+    """One async client per key, closed on the way out.
+
+    Every async test here shares one event loop (pyproject.toml: the session's). An async
+    client a test leaves to the garbage collector hung a later test's request: the whole reply
+    sat in its socket's buffer while the task waited for anyio's read event, as if the loop no
+    longer watched that file descriptor (bench/NOTES.md, "The hang was the test's client").
+    """
+    async with AsyncExitStack() as stack:
+        yield tuple([
+            await stack.enter_async_context(
+                openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0))
+            for key in keys
+        ])
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ The tiny model's weights are random: the forced call's grammar is what makes the
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Literal
 
 import openai
@@ -29,6 +30,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from tests.conftest import Stack
+from tests.e2e.conftest import async_clients
 
 MODELS = ["ServiceAi-Fast", "ServiceAi-Coder"]  # a tool-call parser; none (forced calls only)
 set_tracing_disabled(True)  # the SDK would send traces to OpenAI
@@ -46,13 +48,17 @@ class Answer(BaseModel):
     weather: Literal["sunny", "rainy"]
 
 
-def async_openai(stack: Stack) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=0)
+@pytest.fixture
+async def own_client(stack: Stack) -> AsyncIterator[openai.AsyncOpenAI]:
+    """An async client of the test's own, closed when it ends (conftest.async_clients)."""
+    async with async_clients(stack.base_url, stack.api_key) as (client,):
+        yield client
 
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("api", ["chat", "responses"])
-async def test_the_agents_sdk_forces_its_tool_then_answers_with_the_result(stack, model, api):
+async def test_the_agents_sdk_forces_its_tool_then_answers_with_the_result(own_client, model,
+                                                                                   api):
     called: list[tuple[str, str, int]] = []
 
     @function_tool
@@ -62,9 +68,8 @@ async def test_the_agents_sdk_forces_its_tool_then_answers_with_the_result(stack
         called.append((city, unit, days))
         return f"sunny in {city}"
 
-    client = async_openai(stack)
-    llm = (OpenAIChatCompletionsModel(model=model, openai_client=client) if api == "chat"
-           else OpenAIResponsesModel(model=model, openai_client=client))
+    llm = (OpenAIChatCompletionsModel(model=model, openai_client=own_client) if api == "chat"
+           else OpenAIResponsesModel(model=model, openai_client=own_client))
     settings = dict(max_tokens=300, extra_body={"seed": 3})
     if api == "responses":
         settings["store"] = True
@@ -85,9 +90,9 @@ async def test_the_agents_sdk_forces_its_tool_then_answers_with_the_result(stack
 
 
 @pytest.mark.parametrize("model", MODELS)
-async def test_pydantic_ai_returns_its_output_type_through_a_forced_output_tool(stack, model):
-    llm = OpenAIChatModel(model, provider=OpenAIProvider(base_url=stack.base_url,
-                                                         api_key=stack.api_key))
+async def test_pydantic_ai_returns_its_output_type_through_a_forced_output_tool(own_client,
+                                                                                  model):
+    llm = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=own_client))
     agent = PydanticAgent(llm, output_type=Weather, retries=0,
                           model_settings={"max_tokens": 300, "extra_body": {"seed": 5}})
     result = await agent.run("What is the weather in Paris?")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 
 import openai
 import pytest
@@ -13,7 +14,7 @@ from ray import serve
 
 from app.builder import build_app
 from tests.conftest import app_args
-from tests.e2e.conftest import serviceai_cli
+from tests.e2e.conftest import async_clients, serviceai_cli
 
 APP = "priority"
 SLOTS = 8
@@ -54,15 +55,22 @@ def priority_app(stack):
         serve.delete(APP)
 
 
+@pytest.fixture
+async def plan_clients(priority_app) -> AsyncIterator[tuple[openai.AsyncOpenAI, ...]]:
+    """(free, pro) clients of the priority app, closed when the test ends (see
+    tests/e2e/conftest.py: `async_clients`)."""
+    base_url, free_key, pro_key = priority_app
+    async with async_clients(base_url, free_key, pro_key) as clients:
+        yield clients
+
+
 def test_the_plans_name_their_priorities():
     plans = app_args()["plans"]
     assert plans["pro"]["priority"] < plans["free"]["priority"]
 
 
-async def test_a_pro_request_starts_at_once_under_a_free_flood(priority_app):
-    base_url, free_key, pro_key = priority_app
-    free = openai.AsyncOpenAI(base_url=base_url, api_key=free_key, max_retries=0)
-    pro = openai.AsyncOpenAI(base_url=base_url, api_key=pro_key, max_retries=0)
+async def test_a_pro_request_starts_at_once_under_a_free_flood(plan_clients):
+    free, pro = plan_clients
     started: list[int] = []
     finished: list[int] = []
 
@@ -95,10 +103,7 @@ async def test_a_pro_request_starts_at_once_under_a_free_flood(priority_app):
     assert sorted(finished) == list(range(FLOOD))  # free requests are still all served
 
 
-async def test_priorities_with_several_choices_leave_the_engine_alive(priority_app):
-    base_url, free_key, pro_key = priority_app
-    clients = [openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
-               for key in (free_key, pro_key)]
+async def test_priorities_with_several_choices_leave_the_engine_alive(plan_clients):
 
     async def one(client: openai.AsyncOpenAI, n: int, stream: bool) -> int:
         reply = await client.chat.completions.create(
@@ -109,9 +114,11 @@ async def test_priorities_with_several_choices_leave_the_engine_alive(priority_a
             return len(reply.choices)
         return len({c.index async for chunk in reply for c in chunk.choices})
 
-    calls = [one(client, n, stream) for client in clients for n in (1, 2, 4) for stream in (False, True)]
+    calls = [one(client, n, stream) for client in plan_clients for n in (1, 2, 4)
+             for stream in (False, True)]
     assert await asyncio.gather(*calls * 2) == [1, 1, 2, 2, 4, 4] * 4
-    completion = await clients[1].completions.create(
+    completion = await plan_clients[1].completions.create(
         model="ServiceAi-Fast", prompt="still alive", max_tokens=4, n=3
     )
     assert len(completion.choices) == 3
+
