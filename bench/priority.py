@@ -2,20 +2,24 @@
 
 ServiceAi-Fast on the tiny model with 8 engine slots (`max_num_seqs`), as the issue measured
 bare vLLM. First a pro request alone, ten times (its unloaded TTFT); then 24 free streams of
-300 tokens kept in flight (each one that ends is replaced) while a pro request of 30 tokens is
-sent every half second, 20 times. TTFT p50/p99 per plan, side by side in one run:
+300 tokens kept in flight (each one that ends is replaced, from a process of their own) while
+a pro request of 30 tokens is sent every half second, 20 times. TTFT p50/p99 per plan, side
+by side in one run:
 - fcfs: vLLM's default; Serve holds what the 8 slots cannot take, first come first served;
 - priority, no reserve: `scheduling_policy: priority`, requests wait in the replica in plan
   order (deployments.priority_gate) but every slot is anyone's;
 - priority: the same, 1, 2 or 4 of the 8 slots kept for the first plan (the service's design;
-  `reserved_slots`, default an eighth).
+  `reserved_slots`, default an eighth), a free stream that starts while the free requests fill
+  their slots sent 8 (the default `busy_stream_interval`), 16, 4 or 1 tokens a chunk.
 Results: bench/results/<stamp>-priority.json and a table on stdout (bench/NOTES.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import multiprocessing
 import statistics
 import tempfile
 import time
@@ -40,29 +44,36 @@ PLANS = {
     "free": {"priority": 10, BENCH_TYPE: BENCH_LIMITS},
     "pro": {"priority": 0, BENCH_TYPE: BENCH_LIMITS},
 }
+ENGINE_KEYS = ("scheduling_policy",)
+PRIORITY = {"max_ongoing_requests": 4 * SLOTS, "scheduling_policy": "priority"}
 SETUPS: dict[str, dict[str, Any]] = {
     "fcfs": {"max_ongoing_requests": SLOTS},
-    "priority, no reserve": {"max_ongoing_requests": 4 * SLOTS, "reserved_slots": 0,
-                             "scheduling_policy": "priority"},
-    "priority, 1 slot kept for pro (the default: an eighth)": {
-        "max_ongoing_requests": 4 * SLOTS, "reserved_slots": 1, "scheduling_policy": "priority"},
-    "priority, 2 slots kept for pro": {"max_ongoing_requests": 4 * SLOTS, "reserved_slots": 2,
-                                       "scheduling_policy": "priority"},
-    "priority, 4 slots kept for pro": {"max_ongoing_requests": 4 * SLOTS, "reserved_slots": 4,
-                                       "scheduling_policy": "priority"},
+    "priority, no reserve": {**PRIORITY, "reserved_slots": 0},
+    "priority, 1 slot kept for pro, free streams 8 tokens a chunk when busy (the defaults)": {
+        **PRIORITY, "reserved_slots": 1},
+    "priority, 1 slot kept for pro, free streams 16 tokens a chunk when busy": {
+        **PRIORITY, "reserved_slots": 1, "busy_stream_interval": 16},
+    "priority, 1 slot kept for pro, free streams 4 tokens a chunk when busy": {
+        **PRIORITY, "reserved_slots": 1, "busy_stream_interval": 4},
+    "priority, 1 slot kept for pro, free streams token by token": {
+        **PRIORITY, "reserved_slots": 1, "busy_stream_interval": 1},
+    "priority, 2 slots kept for pro": {**PRIORITY, "reserved_slots": 2},
+    "priority, 4 slots kept for pro": {**PRIORITY, "reserved_slots": 4},
 }
 
 
-async def ttft(client: httpx.AsyncClient, server: Server, key: str, tokens: int, text: str) -> float:
+async def ttft(client: httpx.AsyncClient, server: Server, key: str, tokens: int, text: str,
+               stream: bool = True) -> float:
+    """Until the first token's chunk (a whole reply's time where `stream` is off)."""
     body = {"model": server.model, "messages": [{"role": "user", "content": text}],
-            "max_tokens": tokens, "stream": True, "ignore_eos": True}
+            "max_tokens": tokens, "stream": stream, "ignore_eos": True}
     started = time.perf_counter()
     first = None
     async with client.stream("POST", f"{server.base_url}/v1/chat/completions", json=body,
                              headers={"Authorization": f"Bearer {key}"}) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if first is None and line.startswith("data: {") and '"choices":[{' in line:
+            if first is None and '"choices":[{' in line:
                 first = time.perf_counter()
     return (first or time.perf_counter()) - started
 
@@ -74,20 +85,44 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "count": len(ordered)}
 
 
-async def workload(server: Server, pro_key: str) -> dict[str, Any]:
+async def flood(base_url: str, model: str, key: str, stream: bool, stop: Any, started: Any
+                ) -> dict[str, Any]:
+    """FLOOD free requests kept in flight until `stop` is set; their TTFTs and end times."""
+    server = Server("flood", base_url, key, model)
+    ttfts: list[float] = []
+    done: list[float] = []
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=100)) as client:
-        await ttft(client, server, pro_key, PRO_TOKENS, "warm up")
-        unloaded = [await ttft(client, server, pro_key, PRO_TOKENS, f"alone {n}") for n in range(UNLOADED)]
-        free_ttfts: list[float] = []
-        free_done: list[float] = []
-        stop = asyncio.Event()
 
         async def free_stream(number: int) -> None:
             while not stop.is_set():
-                free_ttfts.append(await ttft(client, server, server.api_key, FLOOD_TOKENS, f"flood {number}"))
-                free_done.append(time.perf_counter())
+                ttfts.append(await ttft(client, server, key, FLOOD_TOKENS, f"flood {number}",
+                                   stream))
+                done.append(time.perf_counter())  # CLOCK_MONOTONIC: the same in every process
 
-        flood = [asyncio.ensure_future(free_stream(n)) for n in range(FLOOD)]
+        streams = [asyncio.ensure_future(free_stream(n)) for n in range(FLOOD)]
+        started.set()
+        await asyncio.gather(*streams)
+    return {"ttfts": ttfts, "done": done}
+
+
+def flood_process(base_url: str, model: str, key: str, stream: bool, stop: Any, started: Any,
+                  out: Any) -> None:
+    out.put(asyncio.run(flood(base_url, model, key, stream, stop, started)))
+
+
+async def workload(server: Server, pro_key: str, stream_flood: bool) -> dict[str, Any]:
+    """The pro requests are timed from this process; the flood runs in another, so that the
+    pro TTFTs do not include this event loop's turns parsing the flood's streams (on a
+    production service they come from other clients)."""
+    async with httpx.AsyncClient(timeout=600) as client:
+        await ttft(client, server, pro_key, PRO_TOKENS, "warm up")
+        unloaded = [await ttft(client, server, pro_key, PRO_TOKENS, f"alone {n}") for n in range(UNLOADED)]
+        spawn = multiprocessing.get_context("spawn")
+        stop, started, out = spawn.Event(), spawn.Event(), spawn.Queue()
+        flooding = spawn.Process(target=flood_process, args=(
+            server.base_url, server.model, server.api_key, stream_flood, stop, started, out))
+        flooding.start()
+        await asyncio.to_thread(started.wait, 60)
         await asyncio.sleep(3)  # the flood fills the slots and the queue
         window_start = time.perf_counter()
         pro = []
@@ -96,12 +131,13 @@ async def workload(server: Server, pro_key: str) -> dict[str, Any]:
             await asyncio.sleep(PRO_EVERY_S)
         window = time.perf_counter() - window_start
         stop.set()
-        free_in_window = sum(1 for done in free_done if done >= window_start)
-        await asyncio.gather(*flood)
+        free = await asyncio.to_thread(out.get, True, 600)
+        flooding.join()
+    free_in_window = sum(1 for done in free["done"] if done >= window_start)
     return {
         "pro_unloaded": percentiles(unloaded),
         "pro_under_flood": percentiles(pro),
-        "free_under_flood": percentiles(free_ttfts),
+        "free_under_flood": percentiles(free["ttfts"]),
         "free_tokens_per_s_while_pro_ran": free_in_window * FLOOD_TOKENS / window,
     }
 
@@ -123,27 +159,36 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--unary-flood", action="store_true",
+                        help="the flood asks for whole replies: the engine's work without the "
+                        "streaming of its tokens (a free TTFT is then a whole reply's time)")
+    parser.add_argument("--setup", action="append", default=[],
+                        help="only the setups whose names start with this (repeatable)")
+    args = parser.parse_args()
+    chosen = {name: setup for name, setup in SETUPS.items()
+              if not args.setup or name.startswith(tuple(args.setup))}
     target = bench_target(None, {}, [FLOOD], gpu=False)
     log_dir = Path(tempfile.mkdtemp(prefix="sai-priority-"))
     results: dict[str, dict[str, Any]] = {}
-    for name, setup in SETUPS.items():
-        settings = {key: value for key, value in setup.items() if key != "scheduling_policy"}
+    for name, setup in chosen.items():
+        settings = {key: value for key, value in setup.items() if key not in ENGINE_KEYS}
         engine_args = {**target.engine_args, "max_num_seqs": SLOTS}
-        if "scheduling_policy" in setup:
-            engine_args["scheduling_policy"] = setup["scheduling_policy"]
+        engine_args.update({key: value for key, value in setup.items() if key in ENGINE_KEYS})
         settings["engine_args"] = engine_args
         print(f"{name} ...", flush=True)
         log_name = f"serviceai-{name.split(',')[0].replace(' ', '-')}-{len(results)}.log"
         with serviceai(target, free_port(), log_dir, {}, settings, log_name, PLANS) as server:
             pro_key = provision_key(f"sqlite+aiosqlite:///{server.ray_dir / 'keys.db'}",
                                     "pro@serviceai.local", "pro")
-            results[name] = asyncio.run(workload(server, pro_key))
+            results[name] = asyncio.run(workload(server, pro_key, not args.unary_flood))
         print(f"  {results[name]}", flush=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = {
         "workload": {"slots": SLOTS, "flood": FLOOD, "flood_tokens": FLOOD_TOKENS,
-                     "pro_tokens": PRO_TOKENS, "pro_requests": PRO_REQUESTS},
+                     "pro_tokens": PRO_TOKENS, "pro_requests": PRO_REQUESTS,
+                     "flood_streams": not args.unary_flood},
         "results": results, "logs": str(log_dir),
     }
     (RESULTS / f"{stamp}-priority.json").write_text(json.dumps(summary, indent=2))

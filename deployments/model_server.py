@@ -53,6 +53,7 @@ class ModelServer:
                 chat_template=config.chat_template,
                 tool_strict_level=config.tool_strict_level,
                 reserved_slots=config.reserved_slots,
+                busy_stream_interval=config.busy_stream_interval,
             )
         self._feeds = FeedHub(config.max_ongoing_requests)
         self._replica = serve.get_replica_context().replica_id.unique_id

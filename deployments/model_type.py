@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
+from deployments.priority_gate import BUSY_STREAM_INTERVAL
 from deployments.request_router import MAX_IMBALANCE
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -110,6 +111,14 @@ class ModelTypeConfig(BaseModel):
         description="With engine_args.scheduling_policy: priority, the engine slots (of "
         "max_num_seqs) that only requests of priority 0, the first plan's, may take "
         "(deployments.priority_gate). Default: an eighth, at least one.",
+    )
+    busy_stream_interval: int = Field(
+        BUSY_STREAM_INTERVAL,
+        ge=1,
+        description="With engine_args.scheduling_policy: priority, a later plan's request that "
+        "starts while the later plans fill every slot they may take streams its tokens this many "
+        "a chunk (the first and the last at once), leaving the CPUs to the first plan "
+        "(deployments.priority_gate). 1: token by token always.",
     )
 
     num_replicas: int | None = Field(None, ge=0)

@@ -8,6 +8,12 @@ engine itself: at most `slots` (the engine's max_num_seqs) at once, the last `re
 only for requests of priority `reserved_for` or better, the rest waiting here in (priority,
 arrival) order. A request of the first plan then finds a slot free at once, while the
 others still get all the other slots.
+
+A slot is not all a request needs: every token it streams passes the replica's serving layer,
+Ray, the ingress and the proxy, on the CPUs the first plan's requests need too. So a later
+plan's request that starts while the later plans fill every slot they may take streams its
+tokens `busy_stream_interval` at a time (vLLM's `stream_interval`: the first and the last at
+once; the same tokens in fewer chunks). Measured in bench/NOTES.md ("Plans and streaming").
 """
 
 from __future__ import annotations
@@ -18,21 +24,31 @@ import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+BUSY_STREAM_INTERVAL = 8
+"""Default tokens per chunk of a later plan's stream on a busy engine (bench/NOTES.md)."""
+
 
 class PriorityGate:
     """Admits at most `slots` requests at once; the last `reserved` slots take only requests
     whose priority is `reserved_for` or lower (lower is first, as in vLLM)."""
 
-    def __init__(self, slots: int, reserved: int, reserved_for: int = 0) -> None:
+    def __init__(self, slots: int, reserved: int, reserved_for: int = 0,
+                 busy_stream_interval: int = 1) -> None:
         self.slots = slots
         self.reserved = min(reserved, slots - 1)
         self.reserved_for = reserved_for
+        self.busy_stream_interval = busy_stream_interval
         self.running = 0
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
 
     def limit(self, priority: int) -> int:
         return self.slots if priority <= self.reserved_for else self.slots - self.reserved
+
+    def stream_interval(self, priority: int) -> int:
+        """Tokens per streamed chunk for a request of this priority that holds a slot now."""
+        busy = priority > self.reserved_for and self.running >= self.slots - self.reserved
+        return self.busy_stream_interval if busy else 1
 
     @property
     def waiting(self) -> int:

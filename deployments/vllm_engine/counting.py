@@ -3,14 +3,16 @@
 Plans and usage are charged with what the engine processed, not with what the client got:
 `CountingEngineClient` stands for the AsyncLLM that vLLM's serving layer calls, and adds every
 engine request's prompt and generated tokens to the `EngineTokens` of the API request it
-serves (one API request may start several: one per prompt of a /v1/completions list).
+serves (one API request may start several: one per prompt of a /v1/completions list). Being
+the one place every API's engine requests pass, it also sets how many tokens each streamed
+chunk carries (deployments.priority_gate).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from vllm.sampling_params import RequestOutputKind
@@ -44,8 +46,10 @@ def count_this_request() -> EngineTokens:
 class CountingEngineClient:
     """The AsyncLLM the serving layer sees, with `generate` counting tokens per API request."""
 
-    def __init__(self, engine: AsyncLLM) -> None:
+    def __init__(self, engine: AsyncLLM, stream_interval: Callable[[int], int] | None = None) -> None:
+        """`stream_interval`: tokens per streamed chunk for an engine request's priority."""
         self._engine = engine
+        self._stream_interval = stream_interval
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -61,6 +65,10 @@ class CountingEngineClient:
             # serving layer still gets one output at the end, every choice in it, as FINAL_ONLY
             # would give (which with n > 1 is every child's last output, merged).
             sampling_params.output_kind = kind = RequestOutputKind.CUMULATIVE
+        if kind == RequestOutputKind.DELTA and self._stream_interval is not None:
+            interval = self._stream_interval(kwargs.get("priority", 0))
+            if interval > 1:
+                sampling_params.stream_interval = max(sampling_params.stream_interval or 1, interval)
         generator = self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs)
         if count is None:
             async for output in generator:

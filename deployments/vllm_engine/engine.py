@@ -110,12 +110,14 @@ class VllmEngine:
         chat_template: str | None = None,
         tool_strict_level: str = "parameter",
         reserved_slots: int | None = None,
+        busy_stream_interval: int = 1,
     ) -> VllmEngine:
         """Build the engine and the serving layer, serving the model as `name`; returns once
         the model is loaded. vLLM's engine metrics (vllm:*) go out through Ray's metrics API,
         beside the ingress's. An engine with `scheduling_policy: priority` admits requests in
         priority order, `reserved_slots` of its max_num_seqs kept for priority 0
-        (deployments.priority_gate; default an eighth)."""
+        (deployments.priority_gate; default an eighth), a later plan's streams
+        `busy_stream_interval` tokens a chunk while the later plans fill their slots."""
         args = AsyncEngineArgs(**_for_this_platform(engine_kwargs))
         parser = forced_tool_calls.install(tool_call_parser)
         namespace = frontend_args(
@@ -131,9 +133,15 @@ class VllmEngine:
             usage_context=UsageContext.OPENAI_API_SERVER,
             stat_loggers=[RayPrometheusStatLogger],
         )
+        gate = None
+        scheduler = engine.vllm_config.scheduler_config
+        if scheduler.policy == "priority":
+            slots = scheduler.max_num_seqs
+            reserved = max(1, slots // 8) if reserved_slots is None else reserved_slots
+            gate = PriorityGate(slots, reserved, busy_stream_interval=busy_stream_interval)
         state = State()
         await init_app_state(
-            CountingEngineClient(engine), state, namespace,
+            CountingEngineClient(engine, gate.stream_interval if gate else None), state, namespace,
             supported_tasks=await engine.get_supported_tasks(),
         )
         # vLLM's error path reads the uvicorn server its own launcher would have set.
@@ -142,11 +150,7 @@ class VllmEngine:
             name, engine, state, tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser, parser=parser, tool_strict_level=tool_strict_level,
         )
-        scheduler = engine.vllm_config.scheduler_config
-        if scheduler.policy == "priority":
-            slots = scheduler.max_num_seqs
-            reserved = max(1, slots // 8) if reserved_slots is None else reserved_slots
-            served.gate = PriorityGate(slots, reserved)
+        served.gate = gate
         try:
             served.template_tokens = await served.prompt_tokens("chat", TEMPLATE_PROBE)
         except GenerationError as exc:

@@ -67,3 +67,19 @@ async def test_a_request_that_leaves_while_waiting_gives_nothing_up():
     release.set()
     await asyncio.gather(running, after)
     assert started == [1, 2] and gate.running == 0 and gate.waiting == 0
+
+
+async def test_later_plans_stream_in_larger_chunks_only_while_they_fill_their_slots():
+    gate = PriorityGate(slots=4, reserved=1, busy_stream_interval=8)
+    started: list[int] = []
+    release = asyncio.Event()
+    first = [asyncio.ensure_future(hold(gate, 10, started, release)) for _ in range(2)]
+    await settle()
+    assert gate.stream_interval(10) == 1  # a slot of theirs is still free
+    first.append(asyncio.ensure_future(hold(gate, 10, started, release)))
+    await settle()
+    assert gate.stream_interval(10) == 8
+    assert gate.stream_interval(0) == 1  # the first plan streams token by token always
+    release.set()
+    await asyncio.gather(*first)
+    assert gate.stream_interval(10) == 1

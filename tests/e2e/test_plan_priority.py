@@ -122,3 +122,35 @@ async def test_priorities_with_several_choices_leave_the_engine_alive(plan_clien
     )
     assert len(completion.choices) == 3
 
+
+async def test_on_a_busy_engine_free_streams_come_in_larger_chunks_and_pro_token_by_token(
+    plan_clients,
+):
+    """A free stream that starts while the free requests fill their slots gets 8 tokens a
+    chunk (busy_stream_interval's default): the same tokens in fewer chunks through every
+    layer. The first plan's stream still gets a chunk per token."""
+    free, pro = plan_clients
+
+    async def chunks(client: openai.AsyncOpenAI, text: str, tokens: int) -> tuple[int, int]:
+        """(chunks with text, completion tokens) of one stream."""
+        stream = await client.chat.completions.create(
+            model="ServiceAi-Fast", messages=[{"role": "user", "content": text}],
+            max_tokens=tokens, stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        count = used = 0
+        async for chunk in stream:
+            count += any(c.delta.content for c in chunk.choices)
+            if chunk.usage:
+                used = chunk.usage.completion_tokens
+        return count, used
+
+    flood = [asyncio.ensure_future(chunks(free, f"flood {n}", LONG)) for n in range(FLOOD)]
+    first, first_tokens = await chunks(pro, "pro", 30)
+    floods = await asyncio.gather(*flood)
+    assert first_tokens == 30 and first > 30 // 4  # 8 tokens a chunk would give 5 at most
+    assert all(tokens == LONG for _, tokens in floods)
+    # Those that waited at the gate started on a busy engine.
+    chunked = [count for count, _ in floods if count <= LONG // 8 + 2]
+    assert len(chunked) >= FLOOD - SLOTS, floods
+

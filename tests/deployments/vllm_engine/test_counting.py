@@ -70,3 +70,19 @@ async def test_a_whole_reply_is_counted_as_the_engine_goes_and_served_whole_at_t
     assert (tokens.prompt, tokens.completion) == (5, 7)
     assert len(served) == 1
     assert [(c.index, len(c.token_ids)) for c in served[0].outputs] == [(0, 3), (1, 4)]
+
+
+async def test_streams_take_the_tokens_per_chunk_their_priority_gets():
+    """Every API's engine requests pass here: a stream's chunk size is set from its priority;
+    a whole reply, which is one chunk anyway, is left alone."""
+    client = CountingEngineClient(StandInEngine([output(1, (0, 1))]),
+                                  stream_interval=lambda priority: 8 if priority else 1)
+    for priority, kind, expected in (
+        (10, RequestOutputKind.DELTA, 8),
+        (0, RequestOutputKind.DELTA, None),
+        (10, RequestOutputKind.FINAL_ONLY, None),
+    ):
+        params = SimpleNamespace(output_kind=kind, stream_interval=None)
+        async for _ in client.generate("p", params, "r", priority=priority):
+            pass
+        assert params.stream_interval == expected
