@@ -33,7 +33,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.run import RESULTS
+from bench.report import gpu_names
+from bench.run import RESULTS, engine_args_arg
 from bench.servers import (
     BENCH_TYPE, PROJECT_ROOT, BenchTarget, Server, bench_model_type, bench_target, free_port,
     ray_serve_llm, serviceai,
@@ -143,6 +144,8 @@ def setups(target: BenchTarget, log_dir: Path, replicas: list[int], bounds: list
              ) -> Callable[[], AbstractContextManager[Server]]:
         settings = {"num_replicas": count, "num_cpus": 0.25, "prefix_affinity": affinity,
                     "max_imbalance": bound}
+        if target.gpu:  # the replicas share the node's one GPU, each with its engine_args' memory
+            settings["num_gpus_per_shard"] = 1 / count
         name = f"serviceai-{count}-{f'affinity-{bound}' if affinity else 'pow2'}.log"
         return lambda: serviceai(target, free_port(), log_dir, {}, settings, name,
                                  ingress_replicas=ingress_replicas)
@@ -179,10 +182,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", default="2,4", help="replica counts, comma-separated")
     parser.add_argument(
-        "--model", choices=("tiny", "prefill-heavy"), default="tiny",
+        "--model", default="tiny", metavar="tiny|prefill-heavy|PATH",
         help="prefill-heavy: a generated 3M-parameter model whose prefill is a good part of a "
-        "TTFT on two cores, as a real model's is on a GPU (the tiny model's costs nothing)",
+        "TTFT on two cores, as a real model's is on a GPU (the tiny model's costs nothing); "
+        "a path: that model with vLLM's defaults and --engine-args (on a GPU node, the "
+        "replicas share its one GPU: give each its memory, bench/gpu/README.md)",
     )
+    parser.add_argument("--engine-args", type=engine_args_arg, default={}, metavar="JSON",
+                        help="engine args on top, identical for every server")
     parser.add_argument("--shared-system", action="store_true",
                         help="one system prompt for every conversation (a hot prefix)")
     parser.add_argument("--max-imbalance", default=str(MAX_IMBALANCE),
@@ -191,13 +198,17 @@ def main() -> None:
     parser.add_argument("--ingress-replicas", type=int, default=1,
                         help="this service's ingress replicas (production runs at least 2)")
     args = parser.parse_args()
+    gpu = bool(gpu_names())
     if args.model == "tiny":
-        target = bench_target(None, {}, [IN_FLIGHT], gpu=False)
-    else:
+        target = bench_target(None, args.engine_args, [IN_FLIGHT], gpu)
+    elif args.model == "prefill-heavy":
         path = PROJECT_ROOT / "models" / "prefill-heavy"
         if not (path / tiny_model.MARKER).exists():
             tiny_model.generate(path, dims=tiny_model.PREFILL_HEAVY)
-        target = bench_target(str(path), bench_model_type()["engine_args"], [IN_FLIGHT], gpu=False)
+        target = bench_target(str(path), {**bench_model_type()["engine_args"], **args.engine_args},
+                              [IN_FLIGHT], gpu)
+    else:
+        target = bench_target(args.model, args.engine_args, [IN_FLIGHT], gpu)
     log_dir = Path(tempfile.mkdtemp(prefix="sai-affinity-"))
     results: dict[str, dict[str, float]] = {}
     plan = setups(target, log_dir, [int(n) for n in args.replicas.split(",")],
@@ -213,11 +224,12 @@ def main() -> None:
     summary = {
         "workload": {"conversations": CONVERSATIONS, "turns": TURNS, "in_flight": IN_FLIGHT,
                      "system_words": SYSTEM_WORDS, "max_tokens": MAX_TOKENS, "model_type": BENCH_TYPE,
-                     "model": args.model, "shared_system": args.shared_system,
+                     "model": args.model, "engine_args": target.engine_args,
+                     "gpu": gpu_names(), "shared_system": args.shared_system,
                      "ingress_replicas": args.ingress_replicas},
         "results": results, "logs": str(log_dir),
     }
-    (RESULTS / f"{stamp}-affinity-{args.model}.json").write_text(json.dumps(summary, indent=2))
+    (RESULTS / f"{stamp}-affinity-{Path(args.model).name}.json").write_text(json.dumps(summary, indent=2))
     print(table(results))
 
 

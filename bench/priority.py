@@ -28,7 +28,8 @@ from typing import Any
 
 import httpx
 
-from bench.run import RESULTS
+from bench.report import gpu_names
+from bench.run import RESULTS, engine_args_arg
 from bench.servers import (
     BENCH_LIMITS, BENCH_TYPE, Server, bench_target, free_port, provision_key, serviceai,
 )
@@ -85,8 +86,8 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "count": len(ordered)}
 
 
-async def flood(base_url: str, model: str, key: str, stream: bool, stop: Any, started: Any
-                ) -> dict[str, Any]:
+async def flood(base_url: str, model: str, key: str, stream: bool, tokens: int, stop: Any,
+                started: Any) -> dict[str, Any]:
     """FLOOD free requests kept in flight until `stop` is set; their TTFTs and end times."""
     server = Server("flood", base_url, key, model)
     ttfts: list[float] = []
@@ -95,8 +96,7 @@ async def flood(base_url: str, model: str, key: str, stream: bool, stop: Any, st
 
         async def free_stream(number: int) -> None:
             while not stop.is_set():
-                ttfts.append(await ttft(client, server, key, FLOOD_TOKENS, f"flood {number}",
-                                   stream))
+                ttfts.append(await ttft(client, server, key, tokens, f"flood {number}", stream))
                 done.append(time.perf_counter())  # CLOCK_MONOTONIC: the same in every process
 
         streams = [asyncio.ensure_future(free_stream(n)) for n in range(FLOOD)]
@@ -105,12 +105,13 @@ async def flood(base_url: str, model: str, key: str, stream: bool, stop: Any, st
     return {"ttfts": ttfts, "done": done}
 
 
-def flood_process(base_url: str, model: str, key: str, stream: bool, stop: Any, started: Any,
-                  out: Any) -> None:
-    out.put(asyncio.run(flood(base_url, model, key, stream, stop, started)))
+def flood_process(base_url: str, model: str, key: str, stream: bool, tokens: int, stop: Any,
+                  started: Any, out: Any) -> None:
+    out.put(asyncio.run(flood(base_url, model, key, stream, tokens, stop, started)))
 
 
-async def workload(server: Server, pro_key: str, stream_flood: bool) -> dict[str, Any]:
+async def workload(server: Server, pro_key: str, stream_flood: bool, flood_tokens: int = FLOOD_TOKENS,
+                   pro_requests: int = PRO_REQUESTS) -> dict[str, Any]:
     """The pro requests are timed from this process; the flood runs in another, so that the
     pro TTFTs do not include this event loop's turns parsing the flood's streams (on a
     production service they come from other clients)."""
@@ -120,13 +121,14 @@ async def workload(server: Server, pro_key: str, stream_flood: bool) -> dict[str
         spawn = multiprocessing.get_context("spawn")
         stop, started, out = spawn.Event(), spawn.Event(), spawn.Queue()
         flooding = spawn.Process(target=flood_process, args=(
-            server.base_url, server.model, server.api_key, stream_flood, stop, started, out))
+            server.base_url, server.model, server.api_key, stream_flood, flood_tokens, stop, started,
+            out))
         flooding.start()
         await asyncio.to_thread(started.wait, 60)
         await asyncio.sleep(3)  # the flood fills the slots and the queue
         window_start = time.perf_counter()
         pro = []
-        for n in range(PRO_REQUESTS):
+        for n in range(pro_requests):
             pro.append(await ttft(client, server, pro_key, PRO_TOKENS, f"pro {n}"))
             await asyncio.sleep(PRO_EVERY_S)
         window = time.perf_counter() - window_start
@@ -138,7 +140,7 @@ async def workload(server: Server, pro_key: str, stream_flood: bool) -> dict[str
         "pro_unloaded": percentiles(unloaded),
         "pro_under_flood": percentiles(pro),
         "free_under_flood": percentiles(free["ttfts"]),
-        "free_tokens_per_s_while_pro_ran": free_in_window * FLOOD_TOKENS / window,
+        "free_tokens_per_s_while_pro_ran": free_in_window * flood_tokens / window,
     }
 
 
@@ -165,10 +167,19 @@ def main() -> None:
                         "streaming of its tokens (a free TTFT is then a whole reply's time)")
     parser.add_argument("--setup", action="append", default=[],
                         help="only the setups whose names start with this (repeatable)")
+    parser.add_argument("--flood-tokens", type=int, default=FLOOD_TOKENS,
+                        help="tokens of each free request (a GPU's eager decode step is slower "
+                        "than the tiny model's on a CPU: fewer keep a run short)")
+    parser.add_argument("--pro-requests", type=int, default=PRO_REQUESTS)
+    parser.add_argument("--model", metavar="PATH",
+                        help="this model with vLLM's defaults and --engine-args instead of the "
+                        "tiny one with the local profile's (on a GPU node: bench/gpu/README.md)")
+    parser.add_argument("--engine-args", type=engine_args_arg, default={}, metavar="JSON",
+                        help="engine args on top, e.g. a GPU's memory share")
     args = parser.parse_args()
     chosen = {name: setup for name, setup in SETUPS.items()
               if not args.setup or name.startswith(tuple(args.setup))}
-    target = bench_target(None, {}, [FLOOD], gpu=False)
+    target = bench_target(args.model, args.engine_args, [FLOOD], bool(gpu_names()))
     log_dir = Path(tempfile.mkdtemp(prefix="sai-priority-"))
     results: dict[str, dict[str, Any]] = {}
     for name, setup in chosen.items():
@@ -181,14 +192,16 @@ def main() -> None:
         with serviceai(target, free_port(), log_dir, {}, settings, log_name, PLANS) as server:
             pro_key = provision_key(f"sqlite+aiosqlite:///{server.ray_dir / 'keys.db'}",
                                     "pro@serviceai.local", "pro")
-            results[name] = asyncio.run(workload(server, pro_key, not args.unary_flood))
+            results[name] = asyncio.run(workload(server, pro_key, not args.unary_flood,
+                                                 args.flood_tokens, args.pro_requests))
         print(f"  {results[name]}", flush=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = {
-        "workload": {"slots": SLOTS, "flood": FLOOD, "flood_tokens": FLOOD_TOKENS,
-                     "pro_tokens": PRO_TOKENS, "pro_requests": PRO_REQUESTS,
-                     "flood_streams": not args.unary_flood},
+        "workload": {"slots": SLOTS, "flood": FLOOD, "flood_tokens": args.flood_tokens,
+                     "pro_tokens": PRO_TOKENS, "pro_requests": args.pro_requests,
+                     "flood_streams": not args.unary_flood, "model": args.model or "tiny",
+                     "engine_args": target.engine_args, "gpu": gpu_names()},
         "results": results, "logs": str(log_dir),
     }
     (RESULTS / f"{stamp}-priority.json").write_text(json.dumps(summary, indent=2))

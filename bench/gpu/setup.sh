@@ -3,6 +3,7 @@
 # unpack the packages, generate the models, start the service (port 8000) and bare vLLM (port
 # 8100) on the same model. PROJ: the project to run, here .gpu/proj (snapshot.sh: patched for
 # vLLM 0.26). Packages added after the parts were built may lie in .gpu/extra (pure Python).
+# SERVERS=0: unpack and make the models only (cluster_bench.sh starts its own servers).
 P=${PROJ:-.}
 S=$(cd "$(dirname "$0")" && pwd)
 mkdir -p /tmp/site /tmp/logs
@@ -33,6 +34,7 @@ python3 -c "$VERSIONS" 2>&1 | tail -3 | tee /tmp/logs/versions.txt
 grep -q "^versions" /tmp/logs/versions.txt || exit 1
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 [ -f /tmp/m1b/config.json ] || python3 "$S/make_models.py" /tmp/tiny /tmp/m1b 2>&1 | tail -1
+[ "${SERVERS:-1}" = 0 ] && { echo unpacked; exit 0; }
 cd /tmp/proj
 # Each server its own compile cache: the two compile the same model at the same time. Both start
 # at once, so each gets a fixed KV cache (no memory profiling that could count the other's
