@@ -16,7 +16,10 @@ to its conversation's home: of the replicas, the one that ranks first for a hash
 turn (rendezvous hashing). Every ingress replica ranks them alike, so a new
 conversation starts on its home and its later turns return there whatever ingress replica
 they pass through; a replica that comes or goes moves only the conversations homed on it.
-The same load bound applies to a home.
+Hashing alone piles new conversations unevenly, so a first turn starts on the replica ranked
+second where that one runs `NEW_HOME_SPREAD` fewer requests than the first (a later turn
+through another ingress replica then misses its cache: 89% cached against 90% with two
+ingress replicas, bench/NOTES.md). The same load bound applies to a home.
 
 What a replica holds ages out as vLLM's cache evicts: least recently used first, within the
 cache's size that the replica reports (`record_routing_stats`), the tail of a prompt before
@@ -47,6 +50,11 @@ DEFAULT_CACHE_TOKENS = 1 << 20
 MAX_IMBALANCE = 8
 """Default: a preferred replica running this many more requests than the least busy one is
 passed over (bench/NOTES.md, "Prefix affinity")."""
+NEW_HOME_SPREAD = 2
+"""A new conversation starts on the replica its hash ranks second where that one runs this
+many fewer requests than the first: hashing alone piles conversations unevenly, and a turn
+that reaches an ingress replica that never saw its conversation still goes to the first rank
+(bench/NOTES.md, "New conversations by load")."""
 MAX_PENDING = 10_000
 """Requests chosen for but not yet routed that the router remembers (cancelled ones age out)."""
 AFFINE_METHODS = frozenset({"stream", "reply"})
@@ -95,10 +103,10 @@ def home_key(first_turn: bytes) -> bytes:
     return hashlib.blake2b(first_turn, digest_size=8).digest()
 
 
-def home(key: bytes, replicas: list[RunningReplica]) -> RunningReplica:
-    """The replica that ranks first for this conversation (rendezvous hashing): the same in
-    every process, and moved only when that replica leaves."""
-    return max(replicas, key=lambda r: hashlib.blake2b(
+def homes(key: bytes, replicas: list[RunningReplica]) -> list[RunningReplica]:
+    """The replicas in this conversation's order (rendezvous hashing): the same in every
+    process, and changed only where a replica leaves or comes."""
+    return sorted(replicas, reverse=True, key=lambda r: hashlib.blake2b(
         key + r.replica_id.unique_id.encode(), digest_size=8).digest())
 
 
@@ -179,11 +187,13 @@ class PrefixIndex:
 class Routing:
     """What the router knows of one request it has not routed yet."""
 
-    __slots__ = ("hashes", "first_blocks", "home_key", "decision")
+    __slots__ = ("hashes", "first_blocks", "home_key", "new", "decision")
 
     def __init__(self, api: str, body: dict[str, Any]) -> None:
-        self.hashes = block_hashes(prompt_text(api, body))
+        text = prompt_text(api, body)
+        self.hashes = block_hashes(text)
         first_turn = first_turn_text(api, body)
+        self.new = len(text) <= len(first_turn) + 1  # the first turn: nothing after it
         self.first_blocks = len(first_turn) // BLOCK_BYTES  # whole blocks: in every later turn
         self.home_key = home_key(first_turn)
         self.decision = "home"
@@ -217,14 +227,18 @@ class ServiceRouter(RequestRouter):
         if routing is None:
             return [two_choices(candidate_replicas)]
         by_id = {r.replica_id: r for r in candidate_replicas}
+        loads = self._loads(candidate_replicas)
+        least = min(loads.values(), default=0)
         depth, holders = self._index.longest(routing.hashes, set(by_id))
         if depth and depth >= routing.first_blocks:
             routing.decision = "affinity"
         else:  # a new conversation, or one that another ingress replica placed
             routing.decision = "home"
-            holders = {home(routing.home_key, candidate_replicas).replica_id}
-        loads = self._loads(candidate_replicas)
-        least = min(loads.values(), default=0)
+            first, *others = (r.replica_id for r in homes(routing.home_key, candidate_replicas))
+            if (routing.new and others
+                    and loads.get(first, least) - loads.get(others[0], least) >= NEW_HOME_SPREAD):
+                first = others[0]
+            holders = {first}
         preferred = [by_id[r] for r in holders if loads.get(r, least) - least < self._max_imbalance]
         if not preferred:
             routing.decision = "spill"

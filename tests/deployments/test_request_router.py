@@ -12,10 +12,13 @@ from deployments import request_router
 from deployments.request_router import (
     BLOCK_BYTES,
     FEED_TARGET,
+    NEW_HOME_SPREAD,
     PrefixIndex,
+    Routing,
     ServiceRouter,
     block_hashes,
     first_turn_text,
+    homes,
     prompt_text,
 )
 
@@ -144,6 +147,23 @@ async def test_every_ingress_replica_sends_a_conversation_home_and_homes_spread(
         [moved], _ = await Router().choose_replicas(rest, turns[0])
         assert moved.replica_id == chosen[0] or chosen[0] == replicas[0].replica_id
     assert len(homes) == 4
+
+
+async def test_a_new_conversation_starts_on_its_second_rank_where_the_first_is_busier(decisions):
+    """Hashing alone piles conversations unevenly; a first turn evens that out, a later turn
+    that reaches an ingress replica that never saw it still goes to the first rank."""
+    replicas = [replica(name) for name in "abcd"]
+    first_turn = chat("hello", request_id="1")
+    home, second, *_ = homes(Routing(*first_turn.args).home_key, replicas)
+    router = Router()
+    router.replica_queue_len_cache.update({r.replica_id: 1 for r in replicas})
+    router.replica_queue_len_cache[home.replica_id] = NEW_HOME_SPREAD
+    assert (await router.choose_replicas(replicas, first_turn))[0] == [home]
+    router.replica_queue_len_cache[home.replica_id] = 1 + NEW_HOME_SPREAD
+    assert (await router.choose_replicas(replicas, chat("hello", request_id="2")))[0] == [second]
+    later = chat("hello", "more", request_id="3")
+    assert (await router.choose_replicas(replicas, later))[0] == [home]
+    assert (await Router().choose_replicas(replicas, later))[0] == [home]
 
 
 async def test_a_busy_holder_spills_to_the_least_busy(decisions):
