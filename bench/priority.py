@@ -1,9 +1,10 @@
 """Plans under overload: a free flood and a pro trickle (`make bench-priority`).
 
 ServiceAi-Fast on the tiny model with 8 engine slots (`max_num_seqs`), as the issue measured
-bare vLLM. First a pro request alone, ten times (its unloaded TTFT); then 24 free streams of
-300 tokens kept in flight (each one that ends is replaced, from a process of their own) while
-a pro request of 30 tokens is sent every half second, 20 times. TTFT p50/p99 per plan, side
+bare vLLM. First a pro request alone, ten times (its unloaded TTFT; `--alone-requests`); then
+24 free streams of 300 tokens kept in flight (each one that ends is replaced, from a process of
+their own) while a pro request of 30 tokens is sent every half second, 20 times
+(`--pro-requests`). TTFT p50/p99 per plan, side
 by side in one run:
 - fcfs: vLLM's default; Serve holds what the 8 slots cannot take, first come first served;
 - priority, no reserve: `scheduling_policy: priority`, requests wait in the replica in plan
@@ -11,7 +12,8 @@ by side in one run:
 - priority: the same, 1, 2 or 4 of the 8 slots kept for the first plan (the service's design;
   `reserved_slots`, default an eighth), a free stream that starts while the free requests fill
   their slots sent 8 (the default `busy_stream_interval`), 16, 4 or 1 tokens a chunk.
-Results: bench/results/<stamp>-priority.json and a table on stdout (bench/NOTES.md).
+Results: bench/results/<stamp>-priority.json (every pro TTFT too, under `pro_ms`) and a table
+on stdout (bench/NOTES.md).
 """
 
 from __future__ import annotations
@@ -111,13 +113,13 @@ def flood_process(base_url: str, model: str, key: str, stream: bool, tokens: int
 
 
 async def workload(server: Server, pro_key: str, stream_flood: bool, flood_tokens: int = FLOOD_TOKENS,
-                   pro_requests: int = PRO_REQUESTS) -> dict[str, Any]:
+                   pro_requests: int = PRO_REQUESTS, alone_requests: int = UNLOADED) -> dict[str, Any]:
     """The pro requests are timed from this process; the flood runs in another, so that the
     pro TTFTs do not include this event loop's turns parsing the flood's streams (on a
     production service they come from other clients)."""
     async with httpx.AsyncClient(timeout=600) as client:
         await ttft(client, server, pro_key, PRO_TOKENS, "warm up")
-        unloaded = [await ttft(client, server, pro_key, PRO_TOKENS, f"alone {n}") for n in range(UNLOADED)]
+        unloaded = [await ttft(client, server, pro_key, PRO_TOKENS, f"alone {n}") for n in range(alone_requests)]
         spawn = multiprocessing.get_context("spawn")
         stop, started, out = spawn.Event(), spawn.Event(), spawn.Queue()
         flooding = spawn.Process(target=flood_process, args=(
@@ -141,6 +143,8 @@ async def workload(server: Server, pro_key: str, stream_flood: bool, flood_token
         "pro_under_flood": percentiles(pro),
         "free_under_flood": percentiles(free["ttfts"]),
         "free_tokens_per_s_while_pro_ran": free_in_window * flood_tokens / window,
+        "pro_ms": {"alone": [round(1000 * t, 2) for t in unloaded],
+                   "under_flood": [round(1000 * t, 2) for t in pro]},
     }
 
 
@@ -171,6 +175,8 @@ def main() -> None:
                         help="tokens of each free request (a GPU's eager decode step is slower "
                         "than the tiny model's on a CPU: fewer keep a run short)")
     parser.add_argument("--pro-requests", type=int, default=PRO_REQUESTS)
+    parser.add_argument("--alone-requests", type=int, default=UNLOADED,
+                        help="pro requests timed alone before the flood (its unloaded TTFT)")
     parser.add_argument("--model", metavar="PATH",
                         help="this model with vLLM's defaults and --engine-args instead of the "
                         "tiny one with the local profile's (on a GPU node: bench/gpu/README.md)")
@@ -193,13 +199,15 @@ def main() -> None:
             pro_key = provision_key(f"sqlite+aiosqlite:///{server.ray_dir / 'keys.db'}",
                                     "pro@serviceai.local", "pro")
             results[name] = asyncio.run(workload(server, pro_key, not args.unary_flood,
-                                                 args.flood_tokens, args.pro_requests))
+                                                 args.flood_tokens, args.pro_requests,
+                                                 args.alone_requests))
         print(f"  {results[name]}", flush=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = {
         "workload": {"slots": SLOTS, "flood": FLOOD, "flood_tokens": args.flood_tokens,
                      "pro_tokens": PRO_TOKENS, "pro_requests": args.pro_requests,
+                     "alone_requests": args.alone_requests,
                      "flood_streams": not args.unary_flood, "model": args.model or "tiny",
                      "engine_args": target.engine_args, "gpu": gpu_names()},
         "results": results, "logs": str(log_dir),
