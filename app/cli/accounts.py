@@ -1,5 +1,5 @@
-"""`serviceai users ...`, `serviceai keys ...` and `serviceai usage`: accounts, keys and their
-usage in the key store.
+"""`serviceai users ...`, `serviceai keys ...`, `serviceai usage` and `serviceai audit`: accounts,
+keys, their usage and the operators' actions in the key store.
 
 Every command opens the store named by SERVICEAI_DATABASE_URL (upgrading its schema), prints a
 table or, with --json, the same JSON the admin API returns. Exit codes: 0 done, 1 refused (not
@@ -19,7 +19,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 
 from app.accounts.keystore import KeyStore, open_store
-from app.accounts.keystore.audit import Actor
+from app.accounts.keystore.audit import LAST_ID, Actor
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.schemas import (
     DEFAULT_PLAN,
@@ -29,6 +29,7 @@ from app.accounts.keystore.schemas import (
     ApiKeyRotate,
     ApiKeyUpdate,
     IssuedApiKey,
+    AuditPage,
     UsageList,
     PasswordSet,
     User,
@@ -512,3 +513,22 @@ def usage(
             f"Monthly budget ({budget.month}, UTC): {budget.used} of {budget.monthly_tokens} "
             f"tokens used, {budget.left} left."
         )
+
+
+def audit(
+    limit: int = typer.Option(50, min=1, max=1000, help="At most this many, newest first."),
+    before: int = typer.Option(None, min=1, max=LAST_ID, help="Start before this entry id."),
+    as_json: bool = JsonOption,
+) -> None:
+    """The audit log: every operator action (console, CLI, admin API), newest first."""
+    page: AuditPage = with_store(lambda store: store.audit_log(limit=limit, before=before))
+    if as_json:
+        print_json(page)
+        return
+    table(
+        ["ID", "AT (UTC)", "SOURCE", "ACTOR", "ACTION", "TARGET", "DETAIL"],
+        [[str(e.id), when(e.at), e.source, e.actor, e.action, e.target, e.detail or "-"]
+         for e in page.data],
+    )
+    if page.has_more:
+        typer.echo(f"... more: --before {page.data[-1].id}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 import yaml
 
-from app.cli.accounts import EXIT_CODES, keys, usage, users, with_store
+from app.cli.accounts import EXIT_CODES, audit, keys, usage, users, with_store
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.errors import UserNotFound
 from app.cli.serve_process import PortRefused, ServeRun, claim_runtime_dir, clear_port
@@ -24,6 +24,7 @@ cli = typer.Typer(help="ServiceAi: OpenAI-compatible chat completions on Ray Ser
 cli.add_typer(users, name="users")
 cli.add_typer(keys, name="keys")
 cli.command("usage", epilog=EXIT_CODES)(usage)
+cli.command("audit", epilog=EXIT_CODES)(audit)
 
 LOCAL_USER = "local@localhost"
 

@@ -103,6 +103,19 @@ def test_set_role_makes_an_operator_and_every_change_is_audited_as_the_cli(servi
         ("cli", "user.create", "plan free"),
     ]
 
+    # `serviceai audit` reads the same log: the JSON the admin API returns, pages, a table.
+    listed = json_of(serviceai("audit", "--json"))
+    assert [e["id"] for e in listed["data"]] == [e.id for e in entries] and not listed["has_more"]
+    first = json_of(serviceai("audit", "--limit", "2", "--json"))
+    assert [e["action"] for e in first["data"]] == ["user.set_role", "user.set_role"]
+    assert first["has_more"]
+    code, out, _ = serviceai("audit", "--limit", "2")
+    assert code == 0 and f"--before {first['data'][-1]['id']}" in out and "admin → user" in out
+    rest = json_of(serviceai("audit", "--before", str(first["data"][-1]["id"]), "--json"))
+    assert [e["detail"] for e in rest["data"]] == ["plan free"] and not rest["has_more"]
+    code, _, err = serviceai("audit", "--before", "0")
+    assert code == EXIT_USAGE and "--before" in err
+
 
 @pytest.mark.parametrize(
     ("args", "code", "message"),
