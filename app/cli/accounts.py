@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+from enum import Enum
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import NoReturn, TypeVar
@@ -57,6 +58,14 @@ keys = typer.Typer(
 )
 
 JsonOption = typer.Option(False, "--json", help="Print JSON (as the admin API returns it).")
+
+
+class ListOrder(str, Enum):
+    asc = "asc"
+    desc = "desc"
+
+
+OrderOption = typer.Option(ListOrder.asc, "--order", help="asc: oldest first; desc: newest first.")
 T = TypeVar("T")
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -169,12 +178,13 @@ def create_user(
 
 @users.command("list")
 def list_users(
-    limit: int = typer.Option(1000, min=1, max=1000, help="At most this many, oldest first."),
+    limit: int = typer.Option(1000, min=1, max=1000, help="At most this many."),
     after: str = typer.Option(None, help="Start after this user id."),
+    order: ListOrder = OrderOption,
     as_json: bool = JsonOption,
 ) -> None:
     """List users."""
-    page = with_store(lambda store: store.list_users(limit=limit, after=after))
+    page = with_store(lambda store: store.list_users(limit=limit, after=after, order=order.value))
     if as_json:
         print_json(page)
         return
@@ -438,12 +448,15 @@ def rotate_key(
 @keys.command("list")
 def list_keys(
     user: str = typer.Option(None, help="Only this user's keys (id or email)."),
-    limit: int = typer.Option(1000, min=1, max=1000, help="At most this many, oldest first."),
+    limit: int = typer.Option(1000, min=1, max=1000, help="At most this many."),
     after: str = typer.Option(None, help="Start after this key id."),
+    order: ListOrder = OrderOption,
     as_json: bool = JsonOption,
 ) -> None:
     """List keys (never their secrets)."""
-    page = with_store(lambda store: store.list_keys(user, limit=limit, after=after))
+    page = with_store(
+        lambda store: store.list_keys(user, limit=limit, after=after, order=order.value)
+    )
     if as_json:
         print_json(page)
         return

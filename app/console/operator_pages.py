@@ -89,7 +89,7 @@ async def _users(
     request: Request, operator: User, status: int = 200, *, q: str | None = None,
     after: str | None = None, **context: object,
 ) -> Response:
-    found = await _store(request).list_users(PAGE, after or None, email_contains=q)
+    found = await _store(request).list_users(PAGE, after or None, email_contains=q, order="desc")
     context.setdefault("form", {})
     return _page(request, "admin_users.html", operator, status, users=found.data,
                  more=found.has_more, q=q or "", plans=_plans(request), **context)
@@ -224,10 +224,24 @@ async def keys_page(
     request: Request, user: str | None = None, after: str | None = None,
     operator: User = Depends(signed_in_operator),
 ) -> Response:
-    found = await _store(request).list_keys(user or None, limit=PAGE, after=after or None)
+    found = await _store(request).list_keys(user or None, limit=PAGE, after=after or None,
+                                            order="desc")
     owners = await _store(request).emails({key.user_id for key in found.data})
     return _page(request, "admin_keys.html", operator, keys=found.data, more=found.has_more,
                  owners=owners, user_filter=user or "")
+
+
+@router.get("/keys/{key_id}/revoke")
+async def revoke_page(
+    key_id: str, request: Request, operator: User = Depends(signed_in_operator)
+) -> Response:
+    """Asks once more: a revocation cannot be undone, and the key is someone else's."""
+    key = await _store(request).get_key(key_id)
+    if key.revoked:
+        return go(request, f"admin/users/{key.user_id}")
+    owners = await _store(request).emails({key.user_id})
+    return _page(request, "revoke.html", operator, key=key,
+                 owner=owners.get(key.user_id, key.user_id))
 
 
 @router.post("/keys/{key_id}/revoke")

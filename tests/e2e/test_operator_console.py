@@ -136,7 +136,10 @@ def test_an_operator_runs_the_service_from_the_browser(
 
         page.goto(user_url)
         page.locator("tr[data-key-id]", has_text="operator-made").get_by_role(
-            "button", name="Revoke").click()
+            "link", name="Revoke…").click()
+        expect(page.get_by_role("heading", level=1)).to_contain_text(CUSTOMER)
+        camera.shoot("admin-key-revoke")
+        page.get_by_role("button", name="Revoke this key").click()
         expect(page.get_by_role("status")).to_contain_text("is revoked")
         camera.shoot("admin-key-revoked")
         with pytest.raises(openai.AuthenticationError):

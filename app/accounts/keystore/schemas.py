@@ -166,10 +166,12 @@ class IssuedApiKey(ApiKey):
 
 
 Item = TypeVar("Item", User, ApiKey)
+Order = Literal["asc", "desc"]
+"""A list's order by creation: oldest first (`asc`, the default) or newest first."""
 
 
 class Page(BaseModel, Generic[Item]):
-    """One page of a list, oldest first; pass the last id as `after` for the next one."""
+    """One page of a list, in the order asked for; pass the last id as `after` for the next one."""
 
     object: Literal["list"] = "list"
     data: list[Item]

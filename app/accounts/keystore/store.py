@@ -31,6 +31,7 @@ from app.accounts.keystore.schemas import (
     IssuedApiKey,
     KeyLimits,
     KeyScopes,
+    Order,
     Page,
     Role,
     UsageList,
@@ -126,16 +127,18 @@ class KeyStore:
             return _user(await _find_user(session, user))
 
     async def list_users(
-        self, limit: int = 100, after: str | None = None, *, email_contains: str | None = None
+        self, limit: int = 100, after: str | None = None, *, email_contains: str | None = None,
+        order: Order = "asc",
     ) -> Page[User]:
-        """Users, oldest first; with `email_contains`, those whose email holds that text."""
+        """Users, oldest first (`desc`: newest first); with `email_contains`, those whose email
+        holds that text."""
         query = select(UserRow)
         if email_contains:
             pattern = email_contains.strip().lower().replace("\\", "\\\\")
             pattern = pattern.replace("%", "\\%").replace("_", "\\_")
             query = query.where(UserRow.email.like(f"%{pattern}%", escape="\\"))
         async with self.database.transaction() as session:
-            query = await _page(session, query, UserRow, limit, after)
+            query = await _page(session, query, UserRow, limit, after, order)
             rows = list(await session.scalars(query))
         return Page[User](data=[_user(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
@@ -259,14 +262,17 @@ class KeyStore:
         )
 
     async def list_keys(
-        self, user: str | None = None, limit: int = 100, after: str | None = None
+        self, user: str | None = None, limit: int = 100, after: str | None = None,
+        order: Order = "asc",
     ) -> Page[ApiKey]:
+        """Keys (every user's, or `user`'s), oldest first (`desc`: newest first)."""
         async with self.database.transaction() as session:
             query = select(ApiKeyRow)
             if user is not None:
                 owner = await _find_user(session, user)
                 query = query.where(ApiKeyRow.user_id == owner.id)
-            rows = list(await session.scalars(await _page(session, query, ApiKeyRow, limit, after)))
+            query = await _page(session, query, ApiKeyRow, limit, after, order)
+            rows = list(await session.scalars(query))
         return Page[ApiKey](data=[_key(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
     async def get_key(self, key_id: str, *, owner_id: str | None = None) -> ApiKey:
@@ -558,8 +564,10 @@ async def _page(
     table: type[UserRow] | type[ApiKeyRow],
     limit: int,
     after: str | None,
+    order: Order = "asc",
 ) -> Select:
-    """Oldest first, `limit` + 1 rows (to tell whether there are more), after the row `after`."""
+    """`limit` + 1 rows (to tell whether there are more) after the row `after`, oldest first or,
+    with `desc`, newest first."""
     if after is not None:
         # Looked up within the list itself: another user's id reads as unknown, as it is here.
         found = await session.execute(
@@ -570,8 +578,11 @@ async def _page(
             raise KeyStoreError(
                 f"'after' names no item of this list: '{after[:64]}'.", param="after"
             )
-        query = query.where(tuple_(table.created_at, table.id) > tuple_(*cursor))
-    return query.order_by(table.created_at, table.id).limit(limit + 1)
+        position = tuple_(table.created_at, table.id)
+        query = query.where(position > tuple_(*cursor) if order == "asc" else position < tuple_(*cursor))
+    if order == "asc":
+        return query.order_by(table.created_at, table.id).limit(limit + 1)
+    return query.order_by(table.created_at.desc(), table.id.desc()).limit(limit + 1)
 
 
 def _insert_within_limit(row: ApiKeyRow, max_keys: int) -> Insert:

@@ -16,6 +16,7 @@ from app.accounts.keystore.schemas import (
     ApiKeyUpdate,
     IssuedApiKey,
     KeyScopes,
+    Order,
     Page,
     UsageList,
     User,
@@ -40,9 +41,12 @@ async def list_keys(
     caller: Caller = Depends(authenticate),
     limit: int = Query(100, ge=1, le=MAX_PAGE),
     after: str | None = Query(None, description="The id of the last key of the previous page."),
+    order: Order = Query("asc", description="asc: oldest first; desc: newest first."),
 ) -> Page[ApiKey]:
     """The caller's keys, revoked ones included; never their secrets."""
-    return await request.app.state.store.list_keys(caller.user_id, limit=limit, after=after)
+    return await request.app.state.store.list_keys(
+        caller.user_id, limit=limit, after=after, order=order
+    )
 
 
 @router.post("/keys", status_code=201, response_model=IssuedApiKey)

@@ -24,6 +24,7 @@ from app.accounts.keystore.schemas import (
     ApiKeyUpdate,
     AuditPage,
     IssuedApiKey,
+    Order,
     Page,
     UsageList,
     User,
@@ -97,8 +98,9 @@ async def list_users(
     request: Request,
     limit: int = Query(100, ge=1, le=MAX_PAGE),
     after: str | None = Query(None, description="The id of the last user of the previous page."),
+    order: Order = Query("asc", description="asc: oldest first; desc: newest first."),
 ) -> Page[User]:
-    return await _store(request).list_users(limit=limit, after=after)
+    return await _store(request).list_users(limit=limit, after=after, order=order)
 
 
 @router.get("/users/{user}", response_model=User)
@@ -157,8 +159,9 @@ async def list_keys(
     user: str | None = Query(None, description="Only this user's keys (id or email)."),
     limit: int = Query(100, ge=1, le=MAX_PAGE),
     after: str | None = Query(None, description="The id of the last key of the previous page."),
+    order: Order = Query("asc", description="asc: oldest first; desc: newest first."),
 ) -> Page[ApiKey]:
-    return await _store(request).list_keys(user, limit=limit, after=after)
+    return await _store(request).list_keys(user, limit=limit, after=after, order=order)
 
 
 @router.delete("/keys/{key_id}", response_model=ApiKey)

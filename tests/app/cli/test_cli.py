@@ -79,6 +79,11 @@ def test_users_list_disable_enable_set_plan(serviceai):
     assert json_of(serviceai("users", "enable", ada["id"], "--json"))["disabled"] is False
     assert json_of(serviceai("users", "set-plan", ada["id"], "pro", "--json"))["plan"] == "pro"
     assert [u["email"] for u in json_of(serviceai("users", "list", "--json"))["data"]] == ["ada@example.com"]
+    json_of(serviceai("users", "create", "--email", "bob@example.com", "--json"))
+    newest = json_of(serviceai("users", "list", "--order", "desc", "--json"))["data"]
+    assert [u["email"] for u in newest] == ["bob@example.com", "ada@example.com"]
+    code, _, err = serviceai("users", "list", "--order", "newest")
+    assert code == EXIT_USAGE and "--order" in err
 
 
 def test_set_role_makes_an_operator_and_every_change_is_audited_as_the_cli(serviceai, database_url):

@@ -41,7 +41,8 @@ async def test_every_operator_page_and_action_is_refused_to_a_user(browser, stor
     assert {("GET", "/admin/users"), ("GET", "/admin/users/{user_id}"), ("GET", "/admin/keys"),
             ("GET", "/admin/plans"), ("GET", "/admin/usage"), ("GET", "/admin/usage.csv"),
             ("GET", "/admin/audit"), ("POST", "/admin/users"),
-            ("POST", "/admin/keys/{key_id}/revoke")} <= set(routes)
+            ("GET", "/admin/keys/{key_id}/revoke"), ("POST", "/admin/keys/{key_id}/revoke")
+            } <= set(routes)
     token = csrf_of(await browser.get("/keys"))
     for method, path in routes:
         url = "/console" + path.format(user_id=victim.id, key_id=key.id)
@@ -98,7 +99,16 @@ async def test_an_operator_manages_a_user_and_their_keys_and_each_action_is_audi
     new_secret = _SECRET.search(rotated.text).group(1)
     assert new_secret != secret
     new_key = next(k for k in (await store.list_keys(ada.id)).data if k.id != key.id)
-    await browser.submit("/admin/keys", f"/admin/keys/{new_key.id}/revoke")
+    # Revoking asks once more, naming the key and its owner; asking changes nothing.
+    confirm = await browser.get(f"/admin/keys/{new_key.id}/revoke")
+    assert confirm.status_code == 200 and new_key.display in confirm.text
+    assert "ada@example.com" in confirm.text and "This cannot be" in confirm.text
+    assert not (await store.get_key(new_key.id)).revoked
+    revoked = await browser.submit(f"/admin/keys/{new_key.id}/revoke",
+                                   f"/admin/keys/{new_key.id}/revoke")
+    assert revoked.headers["location"] == f"/console/admin/users/{ada.id}"
+    again = await browser.get(f"/admin/keys/{new_key.id}/revoke")  # nothing left to confirm
+    assert again.headers["location"] == f"/console/admin/users/{ada.id}"
     refused = await browser.client.get("/v1/models", headers={"Authorization": f"Bearer {new_secret}"})
     assert refused.status_code == 401
 
@@ -114,6 +124,25 @@ async def test_an_operator_manages_a_user_and_their_keys_and_each_action_is_audi
     ]
     entries = (await store.audit_log()).data
     assert {(e.source, e.actor) for e in entries} == {("console", "root@example.com")}
+
+
+async def test_users_and_keys_are_listed_newest_first_fifty_a_page(browser, store):
+    await operator(browser, store)  # the first user
+    users = [await store.create_user(f"u{i:02d}@example.com") for i in range(50)]
+    keys = [await store.create_key(users[i % 50].id, f"k{i}") for i in range(51)]
+
+    def ids(html: str, kind: str) -> list[str]:
+        return re.findall(rf'data-{kind}-id="([^"]+)"', html)
+
+    first = (await browser.get("/admin/users")).text
+    assert ids(first, "user") == [u.id for u in reversed(users)]
+    assert f"after={users[0].id}" in first  # the next page: the operator, the oldest
+    last = (await browser.get(f"/admin/users?after={users[0].id}")).text
+    assert ids(last, "user") == [(await store.get_user("root@example.com")).id]
+    assert "Next" not in last
+    newest = (await browser.get("/admin/keys")).text
+    assert ids(newest, "key") == [k.id for k in keys[:0:-1]]
+    assert ids((await browser.get(f"/admin/keys?after={keys[1].id}")).text, "key") == [keys[0].id]
 
 
 async def test_forms_without_the_csrf_token_change_nothing(browser, store):

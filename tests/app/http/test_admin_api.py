@@ -65,6 +65,10 @@ async def test_users(admin):
     assert (page["object"], [u["id"] for u in page["data"]], page["has_more"]) == ("list", [ada["id"]], True)
     page = (await admin.get("/admin/users", params={"after": ada["id"]})).json()
     assert ([u["id"] for u in page["data"]], page["has_more"]) == ([pro["id"]], False)
+    newest = (await admin.get("/admin/users", params={"order": "desc"})).json()
+    assert [u["id"] for u in newest["data"]] == [pro["id"], ada["id"]]
+    page = (await admin.get("/admin/users", params={"order": "desc", "after": pro["id"]})).json()
+    assert ([u["id"] for u in page["data"]], page["has_more"]) == ([ada["id"]], False)
     changed = (await admin.patch(f"/admin/users/{ada['id']}", json={"plan": "pro"})).json()
     assert changed["plan"] == "pro" and not changed["disabled"]
 
@@ -104,6 +108,7 @@ async def test_roles_and_the_audit_log(admin):
         (("get", "/admin/keys?user=user_nope", None), 404, "user_not_found", "user"),
         (("get", "/admin/users?limit=0", None), 400, "invalid_value", "limit"),
         (("get", "/admin/users?after=user_gone", None), 400, "invalid_value", "after"),
+        (("get", "/admin/keys?order=newest", None), 400, "invalid_value", "order"),
         (("get", f"/admin/audit?before={2**31}", None), 400, "invalid_value", "before"),
         (("get", f"/admin/audit?before={2**63}", None), 400, "invalid_value", "before"),
     ],

@@ -111,6 +111,19 @@ async def test_lists_are_paged_oldest_first(store: KeyStore):
     assert (info.value.status, info.value.param) == (400, "after")
 
 
+async def test_lists_are_paged_newest_first_on_request(store: KeyStore):
+    created = [await store.create_user(f"u{i}@example.com") for i in range(5)]
+    first = await store.list_users(limit=2, order="desc")
+    assert [u.id for u in first.data] == [u.id for u in created[:2:-1]] and first.has_more
+    rest = await store.list_users(limit=10, after=first.data[-1].id, order="desc")
+    assert [u.id for u in rest.data] == [u.id for u in created[2::-1]] and not rest.has_more
+    keys = [await store.create_key(created[0].id, f"k{i}") for i in range(3)]
+    newest = await store.list_keys(created[0].email, limit=2, order="desc")
+    assert [k.id for k in newest.data] == [keys[2].id, keys[1].id] and newest.has_more
+    last = await store.list_keys(limit=2, after=newest.data[-1].id, order="desc")
+    assert [k.id for k in last.data] == [keys[0].id] and not last.has_more
+
+
 async def test_last_used_times_are_written_in_one_batch_and_never_go_back(store: KeyStore):
     user = await store.create_user("ada@example.com")
     a, b = await store.create_key(user.id), await store.create_key(user.id)
