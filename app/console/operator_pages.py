@@ -261,13 +261,15 @@ async def rotate(
 ) -> Response:
     form = await session.checked_form(request)
     hours = _number(str(form.get("grace_hours", "")), "grace_hours", MAX_GRACE_HOURS)
-    grace = timedelta(seconds=DEFAULT_GRACE_S if hours is None else hours * 3600)
+    if hours is None:
+        hours = DEFAULT_GRACE_S // 3600
+    grace = timedelta(hours=hours)
     issued = await _store(request).rotate_key(
         key_id, grace, actor=Actor.operator(operator.email)
     )
     _keys(request).forget(key_id=key_id)
     return await _user(request, operator, issued.user_id, 201, new_key=issued,
-                       rotated=key_id)
+                       rotated=key_id, grace_hours=hours)
 
 
 # Plans, usage, audit

@@ -2,7 +2,7 @@
 action audited, usage over time as a chart, a table and a CSV."""
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi.routing import APIRoute
@@ -161,6 +161,23 @@ async def test_wrong_addresses_are_explained_on_the_consoles_error_page(browser,
     await operator(browser, store)
     response = await browser.get(bad)
     assert response.status_code in (400, 404) and 'class="error"' in response.text
+
+
+@pytest.mark.parametrize(("hours", "said"), [("1", "which works 1 hour more"),
+                                             ("0", "now revoked")])
+async def test_the_operator_chooses_how_long_a_rotated_key_keeps_working(browser, store, hours, said):
+    await operator(browser, store)
+    ada = await store.create_user("ada@example.com")
+    key = await store.create_key(ada.id)
+    page = (await browser.get(f"/admin/users/{ada.id}")).text
+    assert '<option value="24" selected>' in page and '<option value="0">' in page
+    started = datetime.now(UTC)
+    rotated = await browser.submit("/admin/keys", f"/admin/keys/{key.id}/rotate", grace_hours=hours)
+    assert rotated.status_code == 201 and said in rotated.text
+    old = await store.get_key(key.id)
+    ends = datetime.fromtimestamp(old.revoked_at, UTC)
+    assert abs((ends - started).total_seconds() - 3600 * int(hours)) < 60
+    assert old.revoked is (hours == "0")
 
 
 @pytest.mark.parametrize("hours", [str(31 * 24), str(10**30), "-1", "\u00b2"])
