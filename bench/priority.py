@@ -112,14 +112,16 @@ def flood_process(base_url: str, model: str, key: str, stream: bool, tokens: int
     out.put(asyncio.run(flood(base_url, model, key, stream, tokens, stop, started)))
 
 
-async def workload(server: Server, pro_key: str, stream_flood: bool, flood_tokens: int = FLOOD_TOKENS,
-                   pro_requests: int = PRO_REQUESTS, alone_requests: int = UNLOADED) -> dict[str, Any]:
+async def workload(server: Server, pro_key: str, stream_flood: bool,
+                   flood_tokens: int = FLOOD_TOKENS, pro_requests: int = PRO_REQUESTS,
+                   alone_requests: int = UNLOADED) -> dict[str, Any]:
     """The pro requests are timed from this process; the flood runs in another, so that the
     pro TTFTs do not include this event loop's turns parsing the flood's streams (on a
     production service they come from other clients)."""
     async with httpx.AsyncClient(timeout=600) as client:
         await ttft(client, server, pro_key, PRO_TOKENS, "warm up")
-        unloaded = [await ttft(client, server, pro_key, PRO_TOKENS, f"alone {n}") for n in range(alone_requests)]
+        unloaded = [await ttft(client, server, pro_key, PRO_TOKENS, f"alone {n}")
+                    for n in range(alone_requests)]
         spawn = multiprocessing.get_context("spawn")
         stop, started, out = spawn.Event(), spawn.Event(), spawn.Queue()
         flooding = spawn.Process(target=flood_process, args=(

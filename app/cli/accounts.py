@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
-from enum import Enum
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
+from enum import Enum
 from typing import NoReturn, TypeVar
 
 import typer

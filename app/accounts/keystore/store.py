@@ -578,8 +578,8 @@ async def _page(
             raise KeyStoreError(
                 f"'after' names no item of this list: '{after[:64]}'.", param="after"
             )
-        position = tuple_(table.created_at, table.id)
-        query = query.where(position > tuple_(*cursor) if order == "asc" else position < tuple_(*cursor))
+        position, start = tuple_(table.created_at, table.id), tuple_(*cursor)
+        query = query.where(position > start if order == "asc" else position < start)
     if order == "asc":
         return query.order_by(table.created_at, table.id).limit(limit + 1)
     return query.order_by(table.created_at.desc(), table.id.desc()).limit(limit + 1)
