@@ -239,9 +239,8 @@ async def revoke_page(
     key = await _store(request).get_key(key_id)
     if key.revoked:
         return go(request, f"admin/users/{key.user_id}")
-    owners = await _store(request).emails({key.user_id})
-    return _page(request, "revoke.html", operator, key=key,
-                 owner=owners.get(key.user_id, key.user_id))
+    owner = await _store(request).get_user(key.user_id)
+    return _page(request, "revoke.html", operator, key=key, owner=owner.email)
 
 
 @router.post("/keys/{key_id}/revoke")
