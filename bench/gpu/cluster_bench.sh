@@ -3,9 +3,9 @@
 # 1-4): issue 32's benchmarks on the GPU. setup.sh unpacks and makes the models (no servers);
 # then, on the generated 1B model, `bench.prefix_affinity` (1 replica, then REPLICAS of
 # ServiceAi-Fast sharing the GPU: the power of two against the service's router) and
-# `bench.priority` (fcfs, priority with no reserve, one slot kept for pro; vLLM 0.26 streams
-# every request token by token, so the busy-engine chunks are 0.32's alone), each cut short
-# before BUDGET_S is spent. STEPS: which of the two (default "affinity priority").
+# `bench.priority` (one slot kept for pro, priority with no reserve, fcfs: the goal's setup
+# first, as a run cut short loses the last; vLLM 0.26 streams every request token by token, so
+# the busy-engine chunks are 0.32's alone), each cut short before BUDGET_S is spent. STEPS: which of the two (default "affinity priority").
 # Everything comes back in one file, $OUT/gpu.tgz (the device tool returns at most 8): each
 # benchmark's output, its new JSON results and its servers' logs. Outputs also stay in /tmp/out,
 # so a later call on the same (warm) machine can pack them again.
@@ -25,12 +25,13 @@ pack() {
   done
   tar -C /tmp/out -czf "$OUT/gpu.tgz" . && ls -la "$OUT"
 }
-[ -f /tmp/out/started ] || touch /tmp/out/started
 trap pack EXIT
 if [ ! -f /tmp/site/.done ] || [ ! -f /tmp/m1b/config.json ]; then
   SERVERS=0 bash "$S/setup.sh" 2>&1 | tee /tmp/logs/setup.txt
 fi
 grep -q unpacked /tmp/logs/setup.txt || exit 1
+# after setup.sh: its copy of the project into /tmp/proj makes every tracked result look new
+[ -f /tmp/out/started ] || touch /tmp/out/started
 export PYTHONPATH=/tmp/site:/tmp/proj HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 RAY_USAGE_STATS_ENABLED=0
 cd /tmp/proj
@@ -43,7 +44,7 @@ STEPS=${STEPS:-affinity priority}
 quiet() { grep --line-buffered -v "^\(INFO\|DEBUG\|WARNING\) "; }
 if [[ $STEPS == *affinity* ]]; then
   echo "t=$(( $(date +%s) - T0 )) s: affinity"
-  # each setup takes ~60 s here (Ray and the engines start, 64 conversations, stop)
+  # each setup takes 60-150 s here (Ray and the engines start, 64 conversations, stop)
   RESERVE=0; [[ $STEPS == *priority* ]] && RESERVE=${PRIORITY_S:-200}
   timeout -s INT -k 20 $(( $(left) - RESERVE )) python3 -m bench.prefix_affinity \
     --model /tmp/m1b --engine-args "$EA" --replicas "${REPLICAS:-2}" --without-ray-llm 2>&1 \
@@ -56,7 +57,7 @@ if [[ $STEPS == *priority* ]]; then
   # pro request waiting ~5 s, and 20 of them outlast the budget (2026-11-26).
   timeout -s INT -k 10 $(( $(left) - 25 )) python3 -m bench.priority --model /tmp/m1b \
     --engine-args "$EA" --flood-tokens 100 --pro-requests 10 \
-    --setup fcfs --setup "priority, no reserve" \
-    --setup "priority, 1 slot kept for pro, free streams token" 2>&1 \
+    --setup "priority, 1 slot kept for pro, free streams token" \
+    --setup "priority, no reserve" --setup fcfs 2>&1 \
     | quiet | tee -a /tmp/out/priority.txt
 fi
