@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, date, datetime, time
 from typing import Annotated
+
+from fastapi import HTTPException
 
 from pydantic import (
     BaseModel,
@@ -17,7 +20,8 @@ from pydantic import (
 
 from app.accounts.keystore import passwords
 from app.accounts.keystore.schemas import (
-    Count, Email, KeyName, KeyScopes, ModelTypeName, Password, PlanName, Role, TokenCount,
+    DEFAULT_GRACE_S, MAX_GRACE_S, Count, Email, KeyName, KeyScopes, ModelTypeName, Password,
+    PlanName, Role, TokenCount,
 )
 
 _LABELS = {"email": "Email", "password": "Password", "password_again": "Repeat password",
@@ -123,3 +127,18 @@ class RoleForm(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Role
+
+
+def whole_number(value: str | None, name: str, most: int) -> int | None:
+    """A parameter that must be a whole number from 0 to `most`, as a 400 page when it is not."""
+    if value is None or value == "":
+        return None
+    if not (value.isascii() and value.isdigit()) or int(value) > most:
+        raise HTTPException(400, f"'{name}' must be a whole number from 0 to {most}.")
+    return int(value)
+
+
+def grace_hours(form: Mapping[str, object]) -> int:
+    """A rotate form's choice: the hours the old key keeps working (24 when not given)."""
+    hours = whole_number(str(form.get("grace_hours", "")), "grace_hours", MAX_GRACE_S // 3600)
+    return DEFAULT_GRACE_S // 3600 if hours is None else hours

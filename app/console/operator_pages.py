@@ -20,12 +20,12 @@ from app.accounts.auth import KeyVerifier
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.audit import LAST_ID, Actor
 from app.accounts.keystore.errors import KeyLimitReached, UserDisabled
-from app.accounts.keystore.schemas import (
-    DEFAULT_GRACE_S, MAX_GRACE_S, MAX_PAGE, IssuedApiKey, User,
-)
+from app.accounts.keystore.schemas import MAX_PAGE, IssuedApiKey, User
 from app.accounts.scopes import check_models
 from app.console import session
-from app.console.forms import KeyForm, NewUserForm, RoleForm, problem
+from app.console.forms import (
+    KeyForm, NewUserForm, RoleForm, grace_hours, problem, whole_number,
+)
 from app.console.pages import go, render
 from app.console.session import signed_in_operator
 from app.console.usage_view import RANGES, last_days, usage_over_time
@@ -33,7 +33,6 @@ from app.openai.errors import ApiError
 
 PAGE = 50
 TOP = 10
-MAX_GRACE_HOURS = MAX_GRACE_S // 3600
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(signed_in_operator)])
 
@@ -52,15 +51,6 @@ def _plans(request: Request) -> list[str]:
 
 def _model_types(request: Request) -> list[str]:
     return request.app.state.models.names
-
-
-def _number(value: str | None, name: str, most: int) -> int | None:
-    """A parameter that must be a whole number from 0 to `most`, as a 400 page when it is not."""
-    if value is None or value == "":
-        return None
-    if not (value.isascii() and value.isdigit()) or int(value) > most:
-        raise HTTPException(400, f"'{name}' must be a whole number from 0 to {most}.")
-    return int(value)
 
 
 def _page(request: Request, template: str, operator: User, status: int = 200,
@@ -259,12 +249,9 @@ async def rotate(
     key_id: str, request: Request, operator: User = Depends(signed_in_operator)
 ) -> Response:
     form = await session.checked_form(request)
-    hours = _number(str(form.get("grace_hours", "")), "grace_hours", MAX_GRACE_HOURS)
-    if hours is None:
-        hours = DEFAULT_GRACE_S // 3600
-    grace = timedelta(hours=hours)
+    hours = grace_hours(form)
     issued = await _store(request).rotate_key(
-        key_id, grace, actor=Actor.operator(operator.email)
+        key_id, timedelta(hours=hours), actor=Actor.operator(operator.email)
     )
     _keys(request).forget(key_id=key_id)
     return await _user(request, operator, issued.user_id, 201, new_key=issued,
@@ -284,7 +271,7 @@ async def plans_page(request: Request, operator: User = Depends(signed_in_operat
 
 
 async def _usage(request: Request, days: str | None):
-    chosen = _number(days, "days", max(RANGES)) or 30
+    chosen = whole_number(days, "days", max(RANGES)) or 30
     if chosen not in RANGES:
         raise HTTPException(400, f"'days' must be one of {', '.join(map(str, RANGES))}.")
     start, end = last_days(chosen)
@@ -316,5 +303,6 @@ async def usage_csv(request: Request, days: str | None = None) -> Response:
 async def audit_page(
     request: Request, before: str | None = None, operator: User = Depends(signed_in_operator)
 ) -> Response:
-    log = await _store(request).audit_log(limit=PAGE, before=_number(before, "before", LAST_ID))
+    before_id = whole_number(before, "before", LAST_ID)
+    log = await _store(request).audit_log(limit=PAGE, before=before_id)
     return _page(request, "admin_audit.html", operator, entries=log.data, more=log.has_more)

@@ -1,4 +1,4 @@
-"""The console's pages: sign up, sign in, API keys (create, copy once, revoke), plan.
+"""The console's pages: sign up, sign in, API keys (create, copy once, rotate, revoke), plan.
 
 Every change goes through the same `KeyStore` and `KeyVerifier` calls as the CLI, the admin API
 and /v1/account; these handlers only read forms and render templates.
@@ -6,7 +6,7 @@ and /v1/account; these handlers only read forms and render templates.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from app.accounts.auth import KeyVerifier
 from app.accounts.scopes import check_models
 from app.console import session
-from app.console.forms import KeyForm, SignInForm, SignUpForm, problem
+from app.console.forms import KeyForm, SignInForm, SignUpForm, grace_hours, problem
 from app.console.session import signed_in_user
 from app.console.sign_in_limit import SignInLimit
 from app.console.charts import BarChart
@@ -192,7 +192,7 @@ async def _keys(
     request: Request, user: User, status: int = 200, *, new_key: IssuedApiKey | None = None,
     **context: object,
 ) -> Response:
-    page = await _store(request).list_keys(user.id, limit=MAX_PAGE)
+    page = await _store(request).list_keys(user.id, limit=MAX_PAGE, order="desc")
     context.setdefault("form", {})
     return render(
         request, "keys.html", status, user=user, keys=page.data, more=page.has_more,
@@ -223,6 +223,17 @@ async def revoke(key_id: str, request: Request, user: User = Depends(signed_in_u
     name = f'"{revoked.name}" ' if revoked.name else ""
     request.session["notice"] = f"Key {name}({revoked.display}) is revoked: it no longer works."
     return go(request, "keys")
+
+
+@router.post("/keys/{key_id}/rotate")
+async def rotate(key_id: str, request: Request, user: User = Depends(signed_in_user)) -> Response:
+    """A new key with the old one's name and scopes, shown once; the old one works for the
+    hours chosen, as with POST /v1/account/keys/{id}/rotate."""
+    hours = grace_hours(await session.checked_form(request))
+    old = await _store(request).get_key(key_id, owner_id=user.id)
+    issued = await _store(request).rotate_key(key_id, timedelta(hours=hours), owner_id=user.id)
+    request.app.state.keys.forget(key_id=key_id)
+    return await _keys(request, user, 201, new_key=issued, rotated=old.display, grace_hours=hours)
 
 
 class ModelTypeUsage(NamedTuple):

@@ -55,7 +55,7 @@ class Camera:
             shutil.copy(path, LATEST_SHOTS / path.name)
 
 
-def test_sign_up_create_copy_call_revoke_refused(stack: Stack, chromium: Browser, tmp_path):
+def test_sign_up_create_copy_call_rotate_revoke_refused(stack: Stack, chromium: Browser, tmp_path):
     stack.secrets.append(PASSWORD)
     context = chromium.new_context(
         permissions=["clipboard-read", "clipboard-write"], viewport={"width": 1200, "height": 800}
@@ -96,12 +96,27 @@ def test_sign_up_create_copy_call_revoke_refused(stack: Stack, chromium: Browser
         row = page.locator("tr", has_text="from the browser")
         expect(row).to_contain_text(keygen.display_form(copied))
         assert copied not in page.content()
+        row.get_by_label("The old key works for").select_option("0")
+        row.get_by_role("button", name="Rotate").click()
+        expect(page.locator("#new-key-title")).to_contain_text("now revoked")
+        rotated = page.locator("#new-key-value").inner_text()
+        stack.secrets.append(rotated)
+        assert keygen.is_well_formed(rotated) and rotated != copied
+        camera.shoot("key-rotated")
+        with pytest.raises(openai.AuthenticationError):
+            wait_until_refused(client, timeout_s=stack.key_cache_ttl_s + 5)
+        client = openai.OpenAI(base_url=stack.base_url, api_key=rotated, max_retries=0)
+        reply = client.chat.completions.create(model="ServiceAi-Fast", messages=HI, max_tokens=4)
+        assert reply.choices[0].message.role == "assistant"
+
+        page.get_by_role("link", name="API keys").click()
+        row = page.locator("tr", has_text=keygen.display_form(rotated))
         row.get_by_role("link", name="Revoke…").click()
         expect(page.get_by_role("heading")).to_contain_text("Revoke key “from the browser”?")
         camera.shoot("revoke-confirm")
         page.get_by_role("button", name="Revoke this key").click()
         expect(page.get_by_role("status")).to_contain_text("is revoked")
-        expect(page.locator("tr", has_text="from the browser")).to_contain_text("revoked")
+        expect(page.locator("tr", has_text=keygen.display_form(rotated))).to_contain_text("revoked")
         camera.shoot("key-revoked")
 
         # One ingress replica here refuses at once; more would within the key cache TTL.
@@ -111,13 +126,13 @@ def test_sign_up_create_copy_call_revoke_refused(stack: Stack, chromium: Browser
 
         page.get_by_role("link", name="Plan and usage").click()
         expect(page.get_by_role("heading", name="Plan: free")).to_be_visible()
-        # The call above, once the replica has written its usage (every second here).
+        # The two calls above, once the replica has written their usage (every second here).
         fast_requests = page.locator('tr[data-model="ServiceAi-Fast"] td.number').first
         deadline = time.monotonic() + 30
-        while fast_requests.inner_text() == "0" and time.monotonic() < deadline:
+        while fast_requests.inner_text() != "2" and time.monotonic() < deadline:
             time.sleep(1)
             page.reload()
-        assert fast_requests.inner_text() == "1"
+        assert fast_requests.inner_text() == "2"
         expect(page.locator('tr[data-model="ServiceAi-Pro"]')).to_contain_text("200,000")
         camera.shoot("plan")
 

@@ -64,6 +64,51 @@ async def test_another_users_key_cannot_be_revoked(browser, store):
     assert not (await store.list_keys(bob.id)).data[0].revoked
 
 
+async def test_a_rotated_key_is_replaced_and_the_old_one_works_for_the_hours_chosen(
+    browser, store
+):
+    await browser.sign_up("ada@example.com")
+    old_secret = _SECRET.search((await create_key(browser, "ci")).text).group(1)
+    [old] = (await store.list_keys("ada@example.com")).data
+    page = (await browser.get("/keys")).text
+    assert '<option value="24" selected>' in page and f"/keys/{old.id}/rotate" in page
+
+    rotated = await browser.submit("/keys", f"/keys/{old.id}/rotate", grace_hours="1")
+    assert rotated.status_code == 201
+    assert f"“ci” (replaces <code>{old.display}</code>, which works 1 hour more)" in rotated.text
+    new_secret = _SECRET.search(rotated.text).group(1)
+    new, kept = (await store.list_keys("ada@example.com", order="desc")).data
+    assert (new.name, kept.id, kept.revoked) == ("ci", old.id, False)
+    for secret in (old_secret, new_secret):
+        assert (await browser.client.get(
+            "/v1/models", headers={"Authorization": f"Bearer {secret}"}
+        )).status_code == 200
+    listed = (await browser.get("/keys")).text
+    assert "rotated: works until" in listed
+    assert listed.index(new.display) < listed.index(old.display)  # newest first
+
+    now = await browser.submit("/keys", f"/keys/{new.id}/rotate", grace_hours="0")
+    assert now.status_code == 201 and "now revoked" in now.text
+    refused = await browser.client.get(
+        "/v1/models", headers={"Authorization": f"Bearer {new_secret}"}
+    )
+    assert refused.status_code == 401
+
+
+async def test_rotating_is_refused_for_another_users_key_or_an_unknown_grace(browser, store):
+    bob = await store.create_user("bob@example.com")
+    bobs = await store.create_key(bob.id, "bob's")
+    await browser.sign_up("ada@example.com")
+    await create_key(browser, "mine")
+    [mine] = (await store.list_keys("ada@example.com")).data
+    theirs = await browser.submit("/keys", f"/keys/{bobs.id}/rotate", grace_hours="24")
+    assert theirs.status_code == 404 and "No API key with id" in theirs.text
+    too_long = await browser.submit("/keys", f"/keys/{mine.id}/rotate", grace_hours="1000")
+    assert too_long.status_code == 400 and "grace_hours" in too_long.text
+    assert len((await store.list_keys(bob.id)).data) == 1
+    assert [k.id for k in (await store.list_keys("ada@example.com")).data] == [mine.id]
+
+
 async def test_key_names_and_the_key_limit_are_explained(browser, store):
     await browser.sign_up("ada@example.com")
     empty = await create_key(browser, "   ")
