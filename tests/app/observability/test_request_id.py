@@ -5,7 +5,6 @@ from __future__ import annotations
 import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
