@@ -15,6 +15,13 @@ framework's instructions are): what the load bound `max_imbalance` is for. `--ma
 2,8` measures the router once per bound; `--without-ray-llm` leaves Ray Serve LLM out;
 `--ingress-replicas 2` runs this service's ingress as production does, on more than one replica
 (each with its own router).
+
+By default a conversation sends its next turn the moment its reply ends (a closed loop): with
+the power of two, the replica it just left is then the one with a free slot, so it mostly
+returns there, and the power of two looks sticky in a way real traffic is not. `--think-s 1`
+makes each user pause between turns (exponential, mean 1 s, seeded) and `--open 16` keeps more
+conversations open at once, so that other conversations' turns come in between, as people's
+do (bench/NOTES.md, "The closed loop flatters the power of two").
 """
 
 from __future__ import annotations
@@ -96,8 +103,9 @@ async def one_turn(client: httpx.AsyncClient, server: Server, messages: list[dic
 
 
 async def conversation(client: httpx.AsyncClient, server: Server, seed: int,
-                       shared_system: bool) -> list[Turn]:
+                       shared_system: bool, think_s: float = 0) -> list[Turn]:
     rng = random.Random(seed)
+    pause = random.Random(f"think {seed}")  # its own stream: the texts stay those of think_s 0
     system = words(random.Random(-2) if shared_system else rng, SYSTEM_WORDS)
     messages = [{"role": "system", "content": system}]
     turns = []
@@ -107,18 +115,21 @@ async def conversation(client: httpx.AsyncClient, server: Server, seed: int,
         turn.turn = number
         turns.append(turn)
         messages.append({"role": "assistant", "content": reply})
+        if think_s and number < TURNS - 1:
+            await asyncio.sleep(pause.expovariate(1 / think_s))
     return turns
 
 
-async def workload(server: Server, shared_system: bool) -> dict[str, float]:
-    gate = asyncio.Semaphore(IN_FLIGHT)
+async def workload(server: Server, shared_system: bool, think_s: float = 0,
+                   open_conversations: int = IN_FLIGHT) -> dict[str, float]:
+    gate = asyncio.Semaphore(open_conversations)
     async with httpx.AsyncClient(timeout=600) as client:
         # One conversation first, to warm what every server compiles on its first request.
         await conversation(client, server, -1, shared_system)
 
         async def gated(seed: int) -> list[Turn]:
             async with gate:
-                return await conversation(client, server, seed, shared_system)
+                return await conversation(client, server, seed, shared_system, think_s)
 
         started = time.perf_counter()
         results = await asyncio.gather(*(gated(seed) for seed in range(CONVERSATIONS)))
@@ -197,18 +208,22 @@ def main() -> None:
     parser.add_argument("--without-ray-llm", action="store_true", help="leave Ray Serve LLM out")
     parser.add_argument("--ingress-replicas", type=int, default=1,
                         help="this service's ingress replicas (production runs at least 2)")
+    parser.add_argument("--think-s", type=float, default=0,
+                        help="each user's mean pause between turns (0: the next turn at once)")
+    parser.add_argument("--open", type=int, default=IN_FLIGHT,
+                        help="conversations open at once")
     args = parser.parse_args()
     gpu = bool(gpu_names())
     if args.model == "tiny":
-        target = bench_target(None, args.engine_args, [IN_FLIGHT], gpu)
+        target = bench_target(None, args.engine_args, [args.open], gpu)
     elif args.model == "prefill-heavy":
         path = PROJECT_ROOT / "models" / "prefill-heavy"
         if not (path / tiny_model.MARKER).exists():
             tiny_model.generate(path, dims=tiny_model.PREFILL_HEAVY)
         target = bench_target(str(path), {**bench_model_type()["engine_args"], **args.engine_args},
-                              [IN_FLIGHT], gpu)
+                              [args.open], gpu)
     else:
-        target = bench_target(args.model, args.engine_args, [IN_FLIGHT], gpu)
+        target = bench_target(args.model, args.engine_args, [args.open], gpu)
     log_dir = Path(tempfile.mkdtemp(prefix="sai-affinity-"))
     results: dict[str, dict[str, float]] = {}
     plan = setups(target, log_dir, [int(n) for n in args.replicas.split(",")],
@@ -217,12 +232,14 @@ def main() -> None:
     for name, start in plan:
         print(f"{name} ...", flush=True)
         with start() as server:
-            results[name] = asyncio.run(workload(server, args.shared_system))
+            results[name] = asyncio.run(
+                workload(server, args.shared_system, args.think_s, args.open))
         print(f"  {results[name]}", flush=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = {
-        "workload": {"conversations": CONVERSATIONS, "turns": TURNS, "in_flight": IN_FLIGHT,
+        "workload": {"conversations": CONVERSATIONS, "turns": TURNS, "in_flight": args.open,
+                     "think_s": args.think_s,
                      "system_words": SYSTEM_WORDS, "max_tokens": MAX_TOKENS, "model_type": BENCH_TYPE,
                      "model": args.model, "engine_args": target.engine_args,
                      "gpu": gpu_names(), "shared_system": args.shared_system,
