@@ -5,7 +5,9 @@
 # ServiceAi-Fast sharing the GPU: the power of two against the service's router) and
 # `bench.priority` (one slot kept for pro, priority with no reserve, fcfs: the goal's setup
 # first, as a run cut short loses the last; vLLM 0.26 streams every request token by token, so
-# the busy-engine chunks are 0.32's alone), each cut short before BUDGET_S is spent. STEPS: which of the two (default "affinity priority").
+# the busy-engine chunks are 0.32's alone), each cut short before BUDGET_S is spent.
+# STEPS: which of the two (default "affinity priority"); AFFINITY_ARGS: more of
+# bench.prefix_affinity's flags (e.g. "--think-s 1 --open 16", users who pause between turns).
 # Everything comes back in one file, $OUT/gpu.tgz (the device tool returns at most 8): each
 # benchmark's output, its new JSON results and its servers' logs. Outputs also stay in /tmp/out,
 # so a later call on the same (warm) machine can pack them again.
@@ -47,7 +49,8 @@ if [[ $STEPS == *affinity* ]]; then
   # each setup takes 60-150 s here (Ray and the engines start, 64 conversations, stop)
   RESERVE=0; [[ $STEPS == *priority* ]] && RESERVE=${PRIORITY_S:-200}
   timeout -s INT -k 20 $(( $(left) - RESERVE )) python3 -m bench.prefix_affinity \
-    --model /tmp/m1b --engine-args "$EA" --replicas "${REPLICAS:-2}" --without-ray-llm 2>&1 \
+    --model /tmp/m1b --engine-args "$EA" --replicas "${REPLICAS:-2}" --without-ray-llm \
+    ${AFFINITY_ARGS:-} 2>&1 \
     | quiet | tee -a /tmp/out/affinity.txt
   sweep
 fi
