@@ -7,7 +7,6 @@ from datetime import UTC, date, datetime, time
 from typing import Annotated
 
 from fastapi import HTTPException
-
 from pydantic import (
     BaseModel,
     ConfigDict,
