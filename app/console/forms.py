@@ -1,4 +1,5 @@
-"""The console's forms as pydantic models, and their errors as one sentence naming the field."""
+"""The console's forms as pydantic models, their errors as one sentence naming the field, and
+the whole-number parameters (a rotated key's grace, a range of days) read as a 400 page."""
 
 from __future__ import annotations
 
