@@ -30,6 +30,7 @@ Stream feeds (deployments.feed_hub) are pinned to the replica they name.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import random
 from collections import OrderedDict
@@ -110,14 +111,18 @@ def homes(key: bytes, replicas: list[RunningReplica]) -> list[RunningReplica]:
         key + r.replica_id.unique_id.encode(), digest_size=8).digest())
 
 
-def block_hashes(text: bytes) -> list[int]:
+def block_hashes(text: bytes, head: int = 0) -> list[int]:
     """Chained hashes of the text's blocks: the i-th names the whole prefix up to block i, so
-    one lookup tells whether a replica holds that much of it."""
+    one lookup tells whether a replica holds that much of it. A block ends at `head` (the end
+    of the first turn), so that every turn of a conversation has its first turn's blocks, the
+    last of them partial, and they name that conversation even when all its whole blocks are
+    a system prompt that other conversations share."""
     hashes = []
     chained = 0
-    for start in range(0, len(text), BLOCK_BYTES):
-        chained = hash((chained, text[start : start + BLOCK_BYTES]))
-        hashes.append(chained)
+    for start, end in ((0, head), (head, len(text))):
+        for block in range(start, end, BLOCK_BYTES):
+            chained = hash((chained, text[block : min(block + BLOCK_BYTES, end)]))
+            hashes.append(chained)
     return hashes
 
 
@@ -171,7 +176,7 @@ class PrefixIndex:
             self._forget(block, replica)
 
     def replicas(self) -> set[ReplicaID]:
-        return set(self._held)
+        return set(self._held) | set(self._capacity)
 
     def blocks(self, replica: ReplicaID) -> int:
         return len(self._held.get(replica, ()))
@@ -191,10 +196,10 @@ class Routing:
 
     def __init__(self, api: str, body: dict[str, Any]) -> None:
         text = prompt_text(api, body)
-        self.hashes = block_hashes(text)
         first_turn = first_turn_text(api, body)
+        self.hashes = block_hashes(text, len(first_turn))
         self.new = len(text) <= len(first_turn) + 1  # the first turn: nothing after it
-        self.first_blocks = len(first_turn) // BLOCK_BYTES  # whole blocks: in every later turn
+        self.first_blocks = -(-len(first_turn) // BLOCK_BYTES)  # in every later turn
         self.home_key = home_key(first_turn)
         self.decision = "home"
 
@@ -210,7 +215,7 @@ class ServiceRouter(RequestRouter):
         self._affinity = prefix_affinity
         self._max_imbalance = max_imbalance
         self._index = PrefixIndex()
-        self._pending: OrderedDict[str, Routing] = OrderedDict()
+        self._pending: OrderedDict[str, tuple[Routing, asyncio.Future]] = OrderedDict()
 
     async def choose_replicas(
         self,
@@ -219,6 +224,10 @@ class ServiceRouter(RequestRouter):
     ) -> list[list[RunningReplica]]:
         if pending_request is None:
             return [two_choices(candidate_replicas)]
+        # Serve asks again at once, with no pause, unless told to back off (its own routers
+        # say so on their last try): a feed whose replica has left would spin the ingress's
+        # event loop, and replicas that are all full would be probed without pause.
+        pending_request.routing_context.should_backoff = True
         target = pending_request.kwargs.get(FEED_TARGET)
         if target is not None:
             chosen = [r for r in candidate_replicas if r.replica_id.unique_id == target]
@@ -249,7 +258,7 @@ class ServiceRouter(RequestRouter):
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
-        routing = self._pending.pop(pending_request.metadata.internal_request_id, None)
+        routing, _ = self._pending.pop(pending_request.metadata.internal_request_id, (None, None))
         if routing is None:
             return
         self._index.add(replica_id, routing.hashes)
@@ -274,9 +283,8 @@ class ServiceRouter(RequestRouter):
         """The prompt's block hashes and the decision so far, kept until the request is
         routed (a request is chosen for again while the replicas it may take are full)."""
         request_id = pending_request.metadata.internal_request_id
-        routing = self._pending.get(request_id)
-        if routing is not None:
-            return routing
+        if request_id in self._pending:
+            return self._pending[request_id][0]
         args = pending_request.args
         if (
             not self._affinity
@@ -284,9 +292,12 @@ class ServiceRouter(RequestRouter):
             or len(args) < 2
         ):
             return None
-        routing = self._pending[request_id] = Routing(args[0], args[1])
-        if len(self._pending) > MAX_PENDING:  # requests cancelled before they were routed
-            self._pending.popitem(last=False)
+        routing = Routing(args[0], args[1])
+        pending = self._pending
+        # The oldest ones first: those cancelled before they were routed, or too many.
+        while pending and (len(pending) >= MAX_PENDING or next(iter(pending.values()))[1].done()):
+            pending.popitem(last=False)
+        pending[request_id] = routing, pending_request.future
         return routing
 
     def _loads(self, replicas: list[RunningReplica]) -> dict[ReplicaID, int]:
@@ -302,4 +313,4 @@ class ServiceRouter(RequestRouter):
 
 def two_choices(replicas: list[RunningReplica]) -> list[RunningReplica]:
     """Two replicas at random: Serve sends the request to the less busy one."""
-    return random.sample(replicas, 2) if len(replicas) > 2 else list(replicas)
+    return random.sample(replicas, min(2, len(replicas)))  # in random order: ties go either way

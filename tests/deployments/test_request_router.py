@@ -3,6 +3,7 @@ bounded by load; feeds pinned."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -50,10 +51,18 @@ class Router(ServiceRouter):
 def chat(*turns: str, request_id: str = "r") -> SimpleNamespace:
     messages = [{"role": "system", "content": "s" * 2000}]
     messages += [{"role": "user", "content": turn} for turn in turns]
+    return pending(("chat", {"messages": messages}), request_id=request_id)
+
+
+def pending(args: tuple, call_method: str = "stream", request_id: str = "r",
+            **kwargs) -> SimpleNamespace:
+    """Stands for Serve's PendingRequest."""
     return SimpleNamespace(
-        args=("chat", {"messages": messages}),
-        kwargs={},
-        metadata=SimpleNamespace(internal_request_id=request_id, call_method="stream"),
+        args=args,
+        kwargs=kwargs,
+        metadata=SimpleNamespace(internal_request_id=request_id, call_method=call_method),
+        routing_context=SimpleNamespace(should_backoff=False),
+        future=Future(),
     )
 
 
@@ -95,6 +104,9 @@ def test_the_index_finds_the_longest_prefix_and_forgets_tails_first():
     assert index.longest([1, 2, 3], {a}) == (2, {a})
     index.drop(a)
     assert index.longest([1, 2, 3], {a, b}) == (2, {b})
+    index.size("c", cache_tokens=1000)  # reported its cache, not sent anything yet
+    assert index.replicas() == {b, "c"}
+    index.drop("c")
     assert index.replicas() == {b}
 
 
@@ -125,6 +137,32 @@ async def test_a_conversation_starts_on_its_home_and_returns_to_the_replica_that
     assert (await router.choose_replicas(replicas, second))[0] == [ranks[1][0]]
     router.routed(second, ranks[1][0])
     assert decisions == ["home", "affinity"]
+
+
+async def test_a_shared_system_prompt_and_a_short_first_message_still_find_their_replica(
+    decisions,
+):
+    """Every conversation here shares its system prompt; the first message that tells them
+    apart ends inside a block: that block counts too."""
+    router = Router()
+    a, b = replica("a"), replica("b")
+    for message, holder in (("hi", a), ("yo", b)):
+        first = chat(message, request_id=message)
+        await router.choose_replicas([a, b], first)
+        router.routed(first, holder)
+    later = chat("hi", "more", request_id="later")
+    assert (await router.choose_replicas([a, b], later))[0] == [a]
+    router.routed(later, a)
+    assert decisions == ["home", "home", "affinity"]
+
+
+async def test_requests_cancelled_before_they_were_routed_are_forgotten():
+    router = Router()
+    cancelled = chat("hello", request_id="1")
+    await router.choose_replicas([replica("a")], cancelled)
+    cancelled.future.cancel()
+    await router.choose_replicas([replica("a")], chat("hello", request_id="2"))
+    assert list(router._pending) == ["2"]
 
 
 async def test_every_ingress_replica_sends_a_conversation_home_and_homes_spread():
@@ -199,11 +237,11 @@ async def test_replicas_that_leave_take_their_entries_with_them():
 async def test_other_calls_go_anywhere_and_feeds_to_the_replica_they_name():
     router = Router()
     a, b = replica("a"), replica("b")
-    info = SimpleNamespace(
-        args=(), kwargs={}, metadata=SimpleNamespace(internal_request_id="i", call_method="info")
-    )
+    info = pending((), call_method="info")
     assert sorted(r.replica_id.unique_id for r in (await router.choose_replicas([a, b], info))[0]) == ["a", "b"]
-    feed = SimpleNamespace(args=("ingress",), kwargs={FEED_TARGET: "b"}, metadata=info.metadata)
+    feed = pending(("ingress",), call_method="feed", **{FEED_TARGET: "b"})
     assert await router.choose_replicas([a, b], feed) == [[b]]
-    gone = SimpleNamespace(args=("ingress",), kwargs={FEED_TARGET: "c"}, metadata=info.metadata)
+    gone = pending(("ingress",), call_method="feed", **{FEED_TARGET: "c"})
     assert await router.choose_replicas([a, b], gone) == []
+    # Serve then asks again after a pause, not at once in a loop that never yields.
+    assert gone.routing_context.should_backoff and info.routing_context.should_backoff
