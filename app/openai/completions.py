@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -34,15 +34,27 @@ class CompletionRequest(GenerationFields):
         refused = super().unsupported_field() or (
             self.mask_on_a_grammar() if self.constrained else None
         )
+        if refused is None and self.best_of is not None and self.best_of != self.choices:
+            # vLLM 0.32 has no best_of: it would generate n and drop the field silently.
+            return "best_of", (
+                "best_of other than n is not supported: every candidate generated is "
+                "returned; send n alone"
+            )
         if refused is None and self.echo and self.logprobs is not None and self.stream and (
-            max(self.choices, self.best_of or 1) > 1
+            self.choices > 1
         ):
             # vLLM 0.32's stream then fails: only one choice carries the prompt's logprobs.
             return "echo", (
                 "echo with logprobs is not supported on a stream of more than one choice "
-                "(n or best_of above 1): send stream false, n 1, or no logprobs"
+                "(n above 1): send stream false, n 1, or no logprobs"
             )
         return refused
+
+    def to_engine(self) -> dict[str, Any]:
+        """Less `best_of`, which can only equal n here and which vLLM does not know."""
+        body = super().to_engine()
+        body.pop("best_of", None)
+        return body
 
     @property
     def reply_limit(self) -> int:

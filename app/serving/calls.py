@@ -87,8 +87,7 @@ class CompletionCall(_GenerationCall):
     def __init__(self, body: CompletionRequest) -> None:
         super().__init__(body)
         self.reply_limit = body.reply_limit
-        # The engine makes best_of candidates of each prompt, n of which are returned.
-        self.choices = max(body.choices, body.best_of or 1) * body.prompts
+        self.choices = body.choices * body.prompts  # the engine's sequences
         self.reply_tokens = body.reply_limit * self.choices
 
     def check_against_model(self, model: ModelInfo) -> None:

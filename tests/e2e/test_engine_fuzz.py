@@ -1,11 +1,11 @@
 """No request can take an engine down: generated requests, sent in concurrent waves.
 
-Each wave mixes what the API accepts (seeds, `n` and `best_of`, every sampling knob, penalties,
-logit biases, logprobs, stop strings, structured outputs, forced and automatic tools, prompts of
-every length up to and past the context, `max_tokens` near it), on chat, completions and
-responses, whole and streamed, across every model type, all at once: prefills are chunked and
-batches mix, as under real load. Every answer must be a 200 or a 4xx in the envelope (a
-stream: complete, with no error event), and no engine core may have restarted.
+Each wave mixes what the API accepts (seeds, `n` and a `best_of` equal to it, every sampling
+knob, penalties, logit biases, logprobs, stop strings, structured outputs, forced and automatic
+tools, prompts of every length up to and past the context, `max_tokens` near it), on chat,
+completions and responses, whole and streamed, across every model type, all at once: prefills
+are chunked and batches mix, as under real load. Every answer must be a 200 or a 4xx in the
+envelope (a stream: complete, with no error event), and no engine core may have restarted.
 
 Examples are derandomized, so `make test` sends the same waves every run;
 SERVICEAI_FUZZ_RANDOM=1 explores new ones (SERVICEAI_FUZZ_WAVES sets how many).
@@ -127,7 +127,7 @@ def completion(draw, tokenizer) -> tuple[str, dict]:
         st.lists(text_of(tokenizer), min_size=1, max_size=3),
     ))
     body = {"model": draw(st.sampled_from(MODEL_TYPES)), "prompt": prompt,
-            "max_tokens": draw(reply_lengths), "n": n, "best_of": draw(st.integers(n, 4)),
+            "max_tokens": draw(reply_lengths), "n": n, "best_of": draw(st.sampled_from([None, n])),
             "stream": draw(st.booleans()), "logprobs": draw(st.one_of(st.none(),
                                                                      st.integers(0, 5))),
             "echo": draw(st.booleans()), **draw(sampling)}

@@ -269,6 +269,15 @@ def test_fields_that_cannot_be_honoured_are_400_naming_them(http, field, value):
     assert error_of(response, 400)["param"] == field
 
 
+def test_best_of_is_served_equal_to_n_and_refused_otherwise(http):
+    """vLLM 0.32 has no best-of selection: it would return n choices and drop best_of."""
+    body = {"model": "ServiceAi-Fast", "prompt": "hi", "max_tokens": 2}
+    assert error_of(http.post("/v1/completions", json={**body, "best_of": 3}), 400)[
+        "param"] == "best_of"
+    served = http.post("/v1/completions", json={**body, "n": 2, "best_of": 2})
+    assert served.status_code == 200 and len(served.json()["choices"]) == 2
+
+
 def test_caller_fields_are_accepted(client):
     response = client.chat.completions.create(
         model="ServiceAi-Fast", messages=HI, max_tokens=2, user="u-1", metadata={"team": "a"},

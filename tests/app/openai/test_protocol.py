@@ -115,7 +115,7 @@ def test_out_of_range_or_mistyped_values_are_refused(fields, param):
     ("fields", "refused"),
     [
         ({"n": 2}, True),
-        ({"best_of": 3}, True),
+        ({"n": 2, "best_of": 2}, True),
         ({"n": 2, "stream": False}, False),
         ({"n": 1}, False),
         ({"n": 2, "logprobs": None}, False),
@@ -131,6 +131,19 @@ def test_an_echoed_stream_of_several_choices_with_logprobs_is_refused(fields, re
     assert (body.unsupported_field() is not None) == refused
     if refused:
         assert body.unsupported_field()[0] == "echo"
+
+
+@pytest.mark.parametrize(("fields", "refused"), [
+    ({"best_of": 3}, True), ({"n": 2, "best_of": 3}, True), ({"n": 3, "best_of": 2}, True),
+    ({"best_of": 1}, False), ({"n": 2, "best_of": 2}, False), ({"n": 2}, False),
+])
+def test_best_of_other_than_n_is_refused_and_never_reaches_the_engine(fields, refused):
+    """vLLM 0.32 has no best_of: it would return n and ignore the field."""
+    body = CompletionRequest.model_validate({"model": "ServiceAi-Fast", "prompt": "hi", **fields})
+    refusal = body.unsupported_field()
+    assert (refusal is not None and refusal[0] == "best_of") == refused
+    if not refused:
+        assert "best_of" not in body.to_engine()
 
 
 GRAMMARS = [
