@@ -7,7 +7,9 @@ for the soonest of the running ones to finish (measured in ../shared/FACTS.md: 8
 engine itself: at most `slots` (the engine's max_num_seqs) at once, the last `reserved` of them
 only for requests of priority `reserved_for` or better, the rest waiting here in (priority,
 arrival) order. A request of the first plan then finds a slot free at once, while the
-others still get all the other slots.
+others still get all the other slots. A request takes a slot per sequence the engine runs for
+it (`n` choices of each prompt), so that a few requests of many choices cannot fill the
+engine past the reserve; one larger than its plan's slots runs alone.
 
 A slot is not all a request needs: every token it streams passes the replica's serving layer,
 Ray, the ingress and the proxy, on the CPUs the first plan's requests need too. So a later
@@ -39,7 +41,8 @@ class PriorityGate:
         self.reserved_for = reserved_for
         self.busy_stream_interval = busy_stream_interval
         self.running = 0
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        """Slots held: the engine's sequences admitted and not finished."""
+        self._waiting: list[tuple[int, int, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
 
     def limit(self, priority: int) -> int:
@@ -52,43 +55,47 @@ class PriorityGate:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for _, _, future in self._waiting if not future.done())
+        return sum(1 for *_, future in self._waiting if not future.done())
 
     @asynccontextmanager
-    async def slot(self, priority: int) -> AsyncIterator[None]:
-        """Hold one of the engine's slots for the block; wait for one in priority order."""
-        if self._may_start(priority):
-            self.running += 1
+    async def slot(self, priority: int, sequences: int = 1) -> AsyncIterator[None]:
+        """Hold a slot per sequence for the block; wait for them in priority order."""
+        size = max(1, min(sequences, self.limit(priority)))
+        if self._may_start(priority, size):
+            self.running += size
         else:
             future = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiting, (priority, next(self._order), future))
+            heapq.heappush(self._waiting, (priority, next(self._order), size, future))
             try:
-                await future  # the slot is counted for it when it is granted
+                await future  # the slots are counted for it when they are granted
             except asyncio.CancelledError:
                 if future.done() and not future.cancelled():
-                    self._release()  # granted as it was cancelled: give it on
+                    self._release(size)  # granted as it was cancelled: give them on
                 else:
                     future.cancel()
                 raise
         try:
             yield
         finally:
-            self._release()
+            self._release(size)
 
-    def _may_start(self, priority: int) -> bool:
+    def _may_start(self, priority: int, size: int) -> bool:
         self._drop_abandoned()
         ahead = self._waiting and self._waiting[0][0] <= priority
-        return not ahead and self.running < self.limit(priority)
+        return not ahead and self.running + size <= self.limit(priority)
 
-    def _release(self) -> None:
-        self.running -= 1
+    def _release(self, size: int) -> None:
+        self.running -= size
         self._drop_abandoned()
-        while self._waiting and self.running < self.limit(self._waiting[0][0]):
-            _, _, future = heapq.heappop(self._waiting)
-            self.running += 1
+        while self._waiting:
+            priority, _, first, future = self._waiting[0]
+            if self.running + first > self.limit(priority):
+                break  # the first in order waits for room; the rest wait behind it
+            heapq.heappop(self._waiting)
+            self.running += first
             future.set_result(None)
             self._drop_abandoned()
 
     def _drop_abandoned(self) -> None:
-        while self._waiting and self._waiting[0][2].done():
+        while self._waiting and self._waiting[0][-1].done():
             heapq.heappop(self._waiting)

@@ -163,14 +163,15 @@ class VllmEngine:
         self, api: str, body: dict[str, Any], *, batched: bool = True
     ) -> AsyncIterator[ReplyPart]:
         """A request of `api` ("chat", "completion" or "responses"): see `replies.serve`;
-        under priority scheduling, once the gate gives it one of the engine's slots."""
+        under priority scheduling, once the gate gives it a slot per sequence it runs."""
         parts = replies.serve(self._api(api, body), body, batched=batched)
         if self.gate is None:
             return parts
-        return self._gated(parts, body.get("priority", 0))
+        return self._gated(parts, body.get("priority", 0), sequences(api, body))
 
-    async def _gated(self, parts: AsyncIterator[ReplyPart], priority: int) -> AsyncIterator[ReplyPart]:
-        async with self.gate.slot(priority), aclosing(parts):
+    async def _gated(self, parts: AsyncIterator[ReplyPart], priority: int, sequences: int
+                     ) -> AsyncIterator[ReplyPart]:
+        async with self.gate.slot(priority, sequences), aclosing(parts):
             async for part in parts:
                 yield part
 
@@ -221,6 +222,14 @@ class VllmEngine:
 
     def shutdown(self) -> None:
         self._engine.shutdown()
+
+
+def sequences(api: str, body: dict[str, Any]) -> int:
+    """The sequences the engine runs at once for a request: `n` of each prompt (a completion's
+    prompt may be a list of prompts, each a string or a list of token ids)."""
+    prompt = body.get("prompt") if api == "completion" else None
+    several = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+    return (body.get("n") or 1) * (len(prompt) if several else 1)
 
 
 def _for_this_platform(engine_kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 
 from deployments.priority_gate import PriorityGate
+from deployments.vllm_engine.engine import sequences
 
 
-async def hold(gate: PriorityGate, priority: int, started: list[int], release: asyncio.Event) -> None:
-    async with gate.slot(priority):
+async def hold(gate: PriorityGate, priority: int, started: list[int], release: asyncio.Event,
+               sequences: int = 1) -> None:
+    async with gate.slot(priority, sequences):
         started.append(priority)
         await release.wait()
 
@@ -83,3 +85,44 @@ async def test_later_plans_stream_in_larger_chunks_only_while_they_fill_their_sl
     release.set()
     await asyncio.gather(*first)
     assert gate.stream_interval(10) == 1
+
+
+async def test_a_request_takes_a_slot_per_sequence_and_the_reserve_holds():
+    """Requests of several choices fill the engine as many requests would: the reserve holds."""
+    gate = PriorityGate(slots=8, reserved=1)
+    started: list[int] = []
+    release = asyncio.Event()
+    flood = [asyncio.ensure_future(hold(gate, 10, started, release, sequences=4))
+             for _ in range(3)]
+    await settle()
+    assert started == [10] and gate.running == 4 and gate.waiting == 2  # 4 + 4 > 7
+    first = asyncio.ensure_future(hold(gate, 0, started, release, sequences=2))
+    await settle()
+    assert started == [10, 0] and gate.running == 6  # the reserve and one free slot
+    huge = asyncio.ensure_future(hold(gate, 10, started, release, sequences=64))
+    release.set()
+    await asyncio.gather(*flood, first, huge)  # one larger than its slots runs alone
+    assert started == [10, 0, 10, 10, 10] and gate.running == 0 and gate.waiting == 0
+
+
+async def test_a_request_granted_its_slots_as_it_leaves_hands_them_on():
+    gate = PriorityGate(slots=2, reserved=0)
+    started: list[int] = []
+    release = asyncio.Event()
+    async with gate.slot(1, sequences=2):
+        leaving = asyncio.ensure_future(hold(gate, 1, started, release, sequences=2))
+        after = asyncio.ensure_future(hold(gate, 1, started, release))
+        await settle()
+    leaving.cancel()  # granted its slots as this block ended, before it could run
+    release.set()
+    await asyncio.gather(after)
+    assert leaving.cancelled() and started == [1] and gate.running == 0 and gate.waiting == 0
+
+
+def test_a_request_runs_n_sequences_of_each_of_its_prompts():
+    assert sequences("chat", {"messages": [], "n": 3}) == 3
+    assert sequences("chat", {"messages": []}) == 1
+    assert sequences("completion", {"prompt": ["a", "b"], "n": 2}) == 4
+    assert sequences("completion", {"prompt": [[1], [2]], "n": 2}) == 4
+    assert sequences("completion", {"prompt": [1, 2, 3]}) == 1
+    assert sequences("responses", {"input": "x"}) == 1
