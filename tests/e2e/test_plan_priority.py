@@ -69,7 +69,9 @@ def test_the_plans_name_their_priorities():
     assert plans["pro"]["priority"] < plans["free"]["priority"]
 
 
-async def test_a_pro_request_starts_at_once_under_a_free_flood(plan_clients):
+@pytest.mark.parametrize("n", [1, 2])
+async def test_a_pro_request_starts_at_once_under_a_free_flood(plan_clients, n):
+    """Also when the free requests ask for several choices: each takes a slot per choice."""
     free, pro = plan_clients
     started: list[int] = []
     finished: list[int] = []
@@ -77,16 +79,17 @@ async def test_a_pro_request_starts_at_once_under_a_free_flood(plan_clients):
     async def flood_one(number: int) -> None:
         stream = await free.chat.completions.create(
             model="ServiceAi-Fast", messages=[{"role": "user", "content": f"flood {number}"}],
-            max_tokens=LONG, stream=True, extra_body={"ignore_eos": True},
+            max_tokens=LONG, stream=True, n=n, extra_body={"ignore_eos": True},
         )
         async for chunk in stream:
             if chunk.choices and number not in started:
                 started.append(number)
         finished.append(number)
 
-    flood = [asyncio.ensure_future(flood_one(n)) for n in range(FLOOD)]
+    flood = [asyncio.ensure_future(flood_one(number)) for number in range(FLOOD // n)]
     # The free requests fill every slot but the reserved ones; the rest wait at the gate.
-    while len(started) < SLOTS - RESERVED:
+    running = (SLOTS - RESERVED) // n
+    while len(started) < running:
         await asyncio.sleep(0.05)
     stream = await pro.chat.completions.create(
         model="ServiceAi-Fast", messages=[{"role": "user", "content": "pro"}], max_tokens=30,
@@ -96,11 +99,11 @@ async def test_a_pro_request_starts_at_once_under_a_free_flood(plan_clients):
         if chunk.choices:
             break
     # Its first token came while every free request that had started still ran.
-    assert finished == [] and len(started) == SLOTS - RESERVED
+    assert finished == [] and len(started) == running
     async for _ in stream:
         pass
     await asyncio.gather(*flood)
-    assert sorted(finished) == list(range(FLOOD))  # free requests are still all served
+    assert sorted(finished) == list(range(FLOOD // n))  # free requests are still all served
 
 
 async def test_priorities_with_several_choices_leave_the_engine_alive(plan_clients):
