@@ -31,8 +31,8 @@ BUSY_STREAM_INTERVAL = 8
 
 
 class PriorityGate:
-    """Admits at most `slots` requests at once; the last `reserved` slots take only requests
-    whose priority is `reserved_for` or lower (lower is first, as in vLLM)."""
+    """Admits requests of at most `slots` sequences at once; the last `reserved` slots take only
+    requests whose priority is `reserved_for` or lower (lower is first, as in vLLM)."""
 
     def __init__(self, slots: int, reserved: int, reserved_for: int = 0,
                  busy_stream_interval: int = 1) -> None:
@@ -58,10 +58,13 @@ class PriorityGate:
         return sum(1 for *_, future in self._waiting if not future.done())
 
     @asynccontextmanager
-    async def slot(self, priority: int, sequences: int = 1) -> AsyncIterator[None]:
-        """Hold a slot per sequence for the block; wait for them in priority order."""
-        size = max(1, min(sequences, self.limit(priority)))
-        if self._may_start(priority, size):
+    async def slot(self, priority: int, size: int = 1) -> AsyncIterator[None]:
+        """Hold `size` slots (one per sequence the engine runs) for the block; wait for them
+        in priority order."""
+        size = max(1, min(size, self.slots))
+        self._drop_abandoned()
+        ahead = self._waiting and self._waiting[0][0] <= priority
+        if not ahead and self._fits(priority, size):
             self.running += size
         else:
             future = asyncio.get_running_loop().create_future()
@@ -73,26 +76,30 @@ class PriorityGate:
                     self._release(size)  # granted as it was cancelled: give them on
                 else:
                     future.cancel()
+                    self._admit()  # it may have been first in line, the others waiting behind
                 raise
         try:
             yield
         finally:
             self._release(size)
 
-    def _may_start(self, priority: int, size: int) -> bool:
-        self._drop_abandoned()
-        ahead = self._waiting and self._waiting[0][0] <= priority
-        return not ahead and self.running + size <= self.limit(priority)
+    def _fits(self, priority: int, size: int) -> bool:
+        """Room for `size` more; one larger than its plan's slots runs alone."""
+        return self.running + size <= self.limit(priority) or self.running == 0
 
     def _release(self, size: int) -> None:
         self.running -= size
+        self._admit()
+
+    def _admit(self) -> None:
+        """Start those waiting, in order, while the first in line fits."""
         self._drop_abandoned()
         while self._waiting:
-            priority, _, first, future = self._waiting[0]
-            if self.running + first > self.limit(priority):
+            priority, _, size, future = self._waiting[0]
+            if not self._fits(priority, size):
                 break  # the first in order waits for room; the rest wait behind it
             heapq.heappop(self._waiting)
-            self.running += first
+            self.running += size
             future.set_result(None)
             self._drop_abandoned()
 

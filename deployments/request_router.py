@@ -30,7 +30,6 @@ Stream feeds (deployments.feed_hub) are pinned to the replica they name.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import random
 from collections import OrderedDict
@@ -111,7 +110,7 @@ def homes(key: bytes, replicas: list[RunningReplica]) -> list[RunningReplica]:
         key + r.replica_id.unique_id.encode(), digest_size=8).digest())
 
 
-def block_hashes(text: bytes, head: int = 0) -> list[int]:
+def block_hashes(text: bytes, head: int) -> list[int]:
     """Chained hashes of the text's blocks: the i-th names the whole prefix up to block i, so
     one lookup tells whether a replica holds that much of it. A block ends at `head` (the end
     of the first turn), so that every turn of a conversation has its first turn's blocks, the
@@ -215,7 +214,7 @@ class ServiceRouter(RequestRouter):
         self._affinity = prefix_affinity
         self._max_imbalance = max_imbalance
         self._index = PrefixIndex()
-        self._pending: OrderedDict[str, tuple[Routing, asyncio.Future]] = OrderedDict()
+        self._pending: OrderedDict[str, tuple[Routing, PendingRequest]] = OrderedDict()
 
     async def choose_replicas(
         self,
@@ -294,10 +293,14 @@ class ServiceRouter(RequestRouter):
             return None
         routing = Routing(args[0], args[1])
         pending = self._pending
-        # The oldest ones first: those cancelled before they were routed, or too many.
-        while pending and (len(pending) >= MAX_PENDING or next(iter(pending.values()))[1].done()):
+        # The oldest first: those the caller cancelled before they were routed, or too many.
+        # (Not those whose future is done: Serve sets it when it picks a replica, then awaits
+        # the replica's acceptance before it calls on_request_routed.)
+        while pending and (
+            len(pending) >= MAX_PENDING or next(iter(pending.values()))[1].future.cancelled()
+        ):
             pending.popitem(last=False)
-        pending[request_id] = routing, pending_request.future
+        pending[request_id] = routing, pending_request
         return routing
 
     def _loads(self, replicas: list[RunningReplica]) -> dict[ReplicaID, int]:

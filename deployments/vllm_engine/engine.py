@@ -169,9 +169,9 @@ class VllmEngine:
             return parts
         return self._gated(parts, body.get("priority", 0), sequences(api, body))
 
-    async def _gated(self, parts: AsyncIterator[ReplyPart], priority: int, sequences: int
+    async def _gated(self, parts: AsyncIterator[ReplyPart], priority: int, size: int
                      ) -> AsyncIterator[ReplyPart]:
-        async with self.gate.slot(priority, sequences), aclosing(parts):
+        async with self.gate.slot(priority, size), aclosing(parts):
             async for part in parts:
                 yield part
 

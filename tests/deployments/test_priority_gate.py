@@ -9,9 +9,11 @@ from deployments.vllm_engine.engine import sequences
 
 
 async def hold(gate: PriorityGate, priority: int, started: list[int], release: asyncio.Event,
-               sequences: int = 1) -> None:
-    async with gate.slot(priority, sequences):
+               size: int = 1, running: list[int] | None = None) -> None:
+    async with gate.slot(priority, size):
         started.append(priority)
+        if running is not None:
+            running.append(gate.running)  # the slots held once this one started
         await release.wait()
 
 
@@ -92,25 +94,45 @@ async def test_a_request_takes_a_slot_per_sequence_and_the_reserve_holds():
     gate = PriorityGate(slots=8, reserved=1)
     started: list[int] = []
     release = asyncio.Event()
-    flood = [asyncio.ensure_future(hold(gate, 10, started, release, sequences=4))
+    flood = [asyncio.ensure_future(hold(gate, 10, started, release, size=4))
              for _ in range(3)]
     await settle()
     assert started == [10] and gate.running == 4 and gate.waiting == 2  # 4 + 4 > 7
-    first = asyncio.ensure_future(hold(gate, 0, started, release, sequences=2))
+    first = asyncio.ensure_future(hold(gate, 0, started, release, size=2))
     await settle()
     assert started == [10, 0] and gate.running == 6  # the reserve and one free slot
-    huge = asyncio.ensure_future(hold(gate, 10, started, release, sequences=64))
+    running: list[int] = []
+    huge = asyncio.ensure_future(hold(gate, 10, started, release, size=64, running=running))
     release.set()
-    await asyncio.gather(*flood, first, huge)  # one larger than its slots runs alone
+    await asyncio.gather(*flood, first, huge)
     assert started == [10, 0, 10, 10, 10] and gate.running == 0 and gate.waiting == 0
+    assert running == [8]  # larger than its plan's slots: it ran alone, on all of them
+
+
+async def test_a_request_that_leaves_first_in_line_lets_those_behind_it_start():
+    gate = PriorityGate(slots=4, reserved=0)
+    started: list[int] = []
+    release = asyncio.Event()
+    holding = asyncio.ensure_future(hold(gate, 1, started, release, size=2))
+    await settle()
+    large = asyncio.ensure_future(hold(gate, 1, started, release, size=4))
+    small = asyncio.ensure_future(hold(gate, 1, started, release))
+    await settle()
+    assert started == [1] and gate.waiting == 2  # the small one waits behind the large one
+    large.cancel()
+    await settle()
+    assert started == [1, 1] and gate.running == 3  # with nothing released
+    release.set()
+    await asyncio.gather(holding, small)
+    assert gate.running == 0 and gate.waiting == 0
 
 
 async def test_a_request_granted_its_slots_as_it_leaves_hands_them_on():
     gate = PriorityGate(slots=2, reserved=0)
     started: list[int] = []
     release = asyncio.Event()
-    async with gate.slot(1, sequences=2):
-        leaving = asyncio.ensure_future(hold(gate, 1, started, release, sequences=2))
+    async with gate.slot(1, size=2):
+        leaving = asyncio.ensure_future(hold(gate, 1, started, release, size=2))
         after = asyncio.ensure_future(hold(gate, 1, started, release))
         await settle()
     leaving.cancel()  # granted its slots as this block ended, before it could run

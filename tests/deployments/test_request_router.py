@@ -75,12 +75,20 @@ def decisions(monkeypatch):
     return counted
 
 
-def test_a_longer_conversation_shares_the_hashes_of_its_head():
-    first = block_hashes(prompt_text("chat", chat("hello").args[1]))
-    longer = block_hashes(prompt_text("chat", chat("hello", "and more " * 100).args[1]))
-    assert len(first) > 2 and len(longer) > len(first)
-    # The last block of the shorter one holds the closing bracket; all before it match.
-    assert longer[: len(first) - 1] == first[:-1]
+def test_a_longer_conversation_shares_the_hashes_of_its_first_turn():
+    first = Routing(*chat("hello").args)
+    longer = Routing(*chat("hello", "and more " * 100).args)
+    other = Routing(*chat("hi").args)  # the same system prompt
+    assert first.first_blocks > 2 and len(longer.hashes) > len(first.hashes)
+    # The first turn's blocks, its last one partial, start every later turn; then the
+    # shorter one's closing bracket.
+    assert longer.hashes[: first.first_blocks] == first.hashes[: first.first_blocks]
+    assert longer.hashes[first.first_blocks] != first.hashes[first.first_blocks]
+    # Another conversation with the same system prompt parts at its first message's block.
+    assert other.hashes[: first.first_blocks - 1] == first.hashes[: first.first_blocks - 1]
+    assert other.hashes[first.first_blocks - 1] != first.hashes[first.first_blocks - 1]
+    # A block ends at the head's end: here a byte, a whole block, the rest.
+    assert len(block_hashes(b"x" * 300, 1)) == 3 and len(block_hashes(b"x" * 300, 300)) == 2
 
 
 def test_every_api_hashes_what_its_engine_renders_first():
@@ -156,13 +164,22 @@ async def test_a_shared_system_prompt_and_a_short_first_message_still_find_their
     assert decisions == ["home", "home", "affinity"]
 
 
-async def test_requests_cancelled_before_they_were_routed_are_forgotten():
+async def test_requests_cancelled_before_they_were_routed_are_forgotten(decisions):
     router = Router()
+    a = replica("a")
     cancelled = chat("hello", request_id="1")
-    await router.choose_replicas([replica("a")], cancelled)
+    await router.choose_replicas([a], cancelled)
     cancelled.future.cancel()
-    await router.choose_replicas([replica("a")], chat("hello", request_id="2"))
-    assert list(router._pending) == ["2"]
+    # Serve sets a request's future when it picks a replica, and says it was routed only once
+    # the replica accepted it: meanwhile it routes others.
+    picked = chat("hi", request_id="2")
+    await router.choose_replicas([a], picked)
+    picked.future.set_result(a)
+    await router.choose_replicas([a], chat("hey", request_id="3"))
+    assert list(router._pending) == ["2", "3"]
+    router.routed(picked, a)
+    assert router._index.blocks(a.replica_id) == len(Routing(*picked.args).hashes)
+    assert decisions == ["home"]
 
 
 async def test_every_ingress_replica_sends_a_conversation_home_and_homes_spread():
