@@ -242,6 +242,12 @@ def _for_this_platform(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
     idled. Unbound, a worker runs the threads Ray gives the replica's CPU share
     (OMP_NUM_THREADS: its whole CPUs, at least one) wherever the kernel finds room.
 
+    One shard also runs in its engine core's process (vLLM's uniprocess executor). The CPU
+    build otherwise gives it a worker process of its own, and the two pass each step through a
+    shared-memory queue whose readers spin (`sched_yield`) for a second after every message:
+    the engine core spins while its worker runs the step, the worker between steps. On a
+    machine with fewer cores than engines those spinners take the cores the workers compute on.
+
     Tensor-parallel shards: the CPU build refuses the Ray executor ("current platform cpu
     does not support ray"), so they run as local processes, on the node where Serve placed
     the replica's STRICT_PACK bundles, each bound to its own CPUs (one NUMA node is not
@@ -253,6 +259,9 @@ def _for_this_platform(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
         return engine_kwargs
     if engine_kwargs.get("distributed_executor_backend") != "ray":
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # vLLM's CPU platform keeps "uni" only where this says no multiprocessing; AsyncLLM
+        # still runs its engine core in a process of its own.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         return engine_kwargs
     shards = int(engine_kwargs.get("tensor_parallel_size", 1))
     cpus = sorted(os.sched_getaffinity(0))

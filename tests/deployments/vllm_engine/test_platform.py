@@ -25,12 +25,15 @@ def test_cpu_build_runs_tensor_parallel_shards_as_local_processes(monkeypatch):
 
 
 def test_a_single_shard_engine_runs_unbound_with_its_cpu_shares_threads(monkeypatch):
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "")
-    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     kwargs = ModelTypeConfig(name="ServiceAi-Fast").engine_kwargs("/models/tiny")
     assert _for_this_platform(kwargs) is kwargs
     # vLLM's "auto" would pin every engine of a node to the same cores.
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    # Its worker runs in the engine core's process: no worker process spinning beside it.
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     # An operator's own binding stands.
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
     assert _for_this_platform(kwargs) is kwargs
