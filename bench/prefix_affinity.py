@@ -56,6 +56,7 @@ SYSTEM_WORDS = 175  # the tiny model's tokenizer: ~5.7 tokens a word, about 1,00
 USER_WORDS = 10  # ~57 tokens: six turns and replies stay within the 2,048-token context
 MAX_TOKENS = 24
 RAY_ROUTER = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
+SINGLE = "ServiceAi, 1 replica"  # the reference: every conversation's prefix in one cache
 
 
 @dataclass
@@ -165,7 +166,9 @@ def setups(target: BenchTarget, log_dir: Path, replicas: list[int], bounds: list
         return lambda: ray_serve_llm(target, free_port(), log_dir, direct=False,
                                      replicas=count, request_router=RAY_ROUTER)
 
-    plan = [("ServiceAi, 1 replica", ours(1, True))]
+    # The one-replica reference runs last: a run cut short (a device call's budget) keeps the
+    # comparison the TTFT goal is judged on; the table shows the reference first all the same.
+    plan = []
     for count in replicas:
         plan.append((f"ServiceAi, {count} replicas, power of two", ours(count, False)))
         plan += [(f"ServiceAi, {count} replicas, prefix affinity"
@@ -173,7 +176,7 @@ def setups(target: BenchTarget, log_dir: Path, replicas: list[int], bounds: list
                  for bound in bounds]
         if with_ray:
             plan.append((f"Ray Serve LLM, {count} replicas, PrefixCacheAffinityRouter", rays(count)))
-    return plan
+    return plan + [(SINGLE, ours(1, True))]
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
@@ -181,7 +184,7 @@ def table(results: dict[str, dict[str, float]]) -> str:
         "| setup | cached share, turns 2+ | TTFT p50 / p99, turns 2+ (ms) | requests/s | output tok/s |",
         "|---|---|---|---|---|",
     ]
-    for name, r in results.items():
+    for name, r in sorted(results.items(), key=lambda item: item[0] != SINGLE):
         lines.append(
             f"| {name} | {100 * r['cached_share']:.0f}% | {r['ttft_p50_ms']:.0f} / "
             f"{r['ttft_p99_ms']:.0f} | {r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.0f} |"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call, in the project's root, once the parts are in /tmp/parts (README.md, calls
 # 1-4): issue 32's benchmarks on the GPU. setup.sh unpacks and makes the models (no servers);
-# then, on the generated 1B model, `bench.prefix_affinity` (1 replica, then REPLICAS of
-# ServiceAi-Fast sharing the GPU: the power of two against the service's router) and
+# then, on the generated 1B model, `bench.prefix_affinity` (REPLICAS of ServiceAi-Fast sharing
+# the GPU: the power of two against the service's router; then the 1-replica reference) and
 # `bench.priority` (one slot kept for pro, priority with no reserve, fcfs: the goal's setup
 # first, as a run cut short loses the last; vLLM 0.26 streams every request token by token, so
 # the busy-engine chunks are 0.32's alone), each cut short before BUDGET_S is spent.
