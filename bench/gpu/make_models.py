@@ -1,7 +1,7 @@
 """On the GPU machine (setup.sh): the project's tiny model, and a ~1B random-weight Llama with
 the tiny model's tokenizer, generated on the GPU in seconds; with `8b`, a Llama 3 8B's shape
-instead (32 layers, hidden 4096: ~7.0 B parameters with this vocabulary, 14 GB in bf16; not
-yet run), whose prefill is a real share of a TTFT on an H100 (cluster_bench.sh's MODEL=m8b).
+instead (32 layers, hidden 4096: 6.98 B parameters with this vocabulary, 14 GB in bf16, ~35 s
+on the H100), whose prefill is a real share of a TTFT on an H100 (cluster_bench.sh's MODEL=m8b).
 
     python3 make_models.py TINY_DIR BIG_DIR [1b|8b]
 """
