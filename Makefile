@@ -42,7 +42,7 @@ cluster-up: install
 cluster-down:
 	$(BIN)/python -m rehearsal down
 
-# The fast tier: no Ray, no engine (about a minute); `make test` runs it too, with the real stack.
+# The fast tier: no Ray, no engine (a few minutes); `make test` runs it too, with the real stack.
 test-fast: install
 	$(BIN)/python -m pytest -m "not e2e and not cluster" --ignore=tests/e2e
 
