@@ -355,7 +355,9 @@ def test_redis_down_serves_by_default_or_refuses_when_configured(stack, fail_ope
 
 def test_a_full_queue_answers_503_at_once(stack):
     """A model type of its own with one slot and a queue of one: the third request is refused
-    while the first two are still generating."""
+    while the first two are still generating. The first asks for 4 choices of 2,000 tokens,
+    which the engine's one sequence slot runs one after another, so that it outlasts the wait
+    for the queue's gauge on a slow machine (1,500 tokens once did not); closing it aborts it."""
     [fast] = [dict(m) for m in app_args()["model_types"] if m["name"] == "ServiceAi-Fast"]
     fast.update(max_ongoing_requests=1, max_queued_requests=1,
                 engine_args=dict(fast["engine_args"], max_num_seqs=1))
@@ -364,13 +366,14 @@ def test_a_full_queue_answers_503_at_once(stack):
     with ingress_app(stack, "tiny-queue", models_app=None, model_types=[fast],
                      plans=plans) as base_url:
         auth = {"Authorization": f"Bearer {stack.api_key}"}
-        long = {"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 1500, "stream": True,
-                "ignore_eos": True}
+        long = {"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 2000, "n": 4,
+                "stream": True, "ignore_eos": True}
+        short = {"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 8}
         with httpx.stream("POST", f"{base_url}/chat/completions", json=long, headers=auth,
                           timeout=60) as running:
             assert running.status_code == 200
             queued = threading.Thread(
-                target=lambda: httpx.post(f"{base_url}/chat/completions", json=long,
+                target=lambda: httpx.post(f"{base_url}/chat/completions", json=short,
                                           headers=auth, timeout=120)
             )
             queued.start()
@@ -379,8 +382,8 @@ def test_a_full_queue_answers_503_at_once(stack):
             depth = series(QUEUE_DEPTH, model_type="ServiceAi-Fast")
             wait_until(lambda: scrape(stack, "tiny-queue")[depth] >= 1, timeout_s=30,
                        interval_s=0.5)
-            refused = httpx.post(f"{base_url}/chat/completions", json=dict(long, stream=False),
-                                 headers=auth, timeout=60)
+            refused = httpx.post(f"{base_url}/chat/completions", json=short, headers=auth,
+                                 timeout=60)
             # Answered while the first stream still runs: not after a wait for a slot.
             assert not running.is_closed
             next(running.iter_lines())
