@@ -140,10 +140,12 @@ async def test_a_conversation_starts_on_its_home_and_returns_to_the_replica_that
     first = chat("hello", request_id="1")
     ranks = await router.choose_replicas(replicas, first)
     assert len(ranks[0]) == 1 and len(ranks[1]) == 2
-    router.routed(first, ranks[1][0])  # its home was full: the next rank took it
+    [home] = ranks[0]
+    took = next(r for r in ranks[1] + replicas if r.replica_id != home.replica_id)
+    router.routed(first, took)  # its home was full: the next rank took it
     second = chat("hello", "more", request_id="2")
-    assert (await router.choose_replicas(replicas, second))[0] == [ranks[1][0]]
-    router.routed(second, ranks[1][0])
+    assert (await router.choose_replicas(replicas, second))[0] == [took]
+    router.routed(second, took)
     assert decisions == ["spill", "affinity"]
 
 
