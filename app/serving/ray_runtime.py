@@ -40,6 +40,11 @@ SERVE_ENV: dict[str, str] = {
 _HANDED_OUT: set[int] = set()
 # Ray's worker processes take ports from 10002-19999 (its default range); free ports start above.
 FIRST_FREE_PORT = 20000
+# Serve's replicas bind their own HTTP servers (HAProxy sends requests straight to them) on the
+# first free port from 30000 to 31000 of their machine (RAY_SERVE_DIRECT_INGRESS_MIN/MAX_HTTP_PORT;
+# gRPC 40000-41000 is inside the ephemeral range): a port handed out there can be a replica's
+# before its own server binds it. Seen: a rehearsal node's HAProxy stats port, 30001.
+SERVE_REPLICA_PORTS = range(30000, 31001)
 # Its own generator: a test that seeds `random` must not make two processes pick alike.
 _PICK = random.Random()
 
@@ -50,7 +55,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     Chosen below the kernel's ephemeral range where it can be: a port from that range can be
     taken as the local end of some outgoing connection between now and the server's own bind,
-    which made a rehearsal node's `ray start` fail on a busy machine. Never the same port twice
+    which made a rehearsal node's `ray start` fail on a busy machine; never one of the ports
+    Serve's replicas take for their own servers. Never the same port twice
     in one process, where two components asked for at once would otherwise share one.
     """
     ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
@@ -61,7 +67,7 @@ def free_port(host: str = "127.0.0.1") -> int:
             with socket.socket() as sock:
                 sock.bind((host, 0))
                 port = sock.getsockname()[1]
-        if port in _HANDED_OUT:
+        if port in _HANDED_OUT or port in SERVE_REPLICA_PORTS:
             continue
         try:
             with socket.socket() as sock:

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from app.serving import ray_runtime
-from app.serving.ray_runtime import FIRST_FREE_PORT, PER_MACHINE_PORTS, SERVE_ENV, cluster_env, free_port
+from app.serving.ray_runtime import (
+    FIRST_FREE_PORT,
+    PER_MACHINE_PORTS,
+    SERVE_ENV,
+    SERVE_REPLICA_PORTS,
+    cluster_env,
+    free_port,
+)
 from ray.serve._private import constants
 
 
@@ -57,3 +64,14 @@ def test_a_port_something_listens_on_is_passed_over(monkeypatch):
         monkeypatch.setattr(ray_runtime._PICK, "randrange", lambda *_: next(picks))
         monkeypatch.setattr(ray_runtime, "_HANDED_OUT", set())  # as if another process chose it
         assert free_port() == taken + 1
+
+
+def test_a_port_serves_replicas_take_for_their_own_servers_is_passed_over(monkeypatch):
+    # Free now, but the next replica to start on this machine binds it (a rehearsal node's
+    # HAProxy failed on 30001: "cannot bind socket").
+    if ephemeral_low() <= FIRST_FREE_PORT + 1000:
+        pytest.skip("this kernel's ephemeral range leaves no room below it")
+    picks = iter([SERVE_REPLICA_PORTS[1], SERVE_REPLICA_PORTS[-1], SERVE_REPLICA_PORTS[0] - 7])
+    monkeypatch.setattr(ray_runtime._PICK, "randrange", lambda *_: next(picks))
+    monkeypatch.setattr(ray_runtime, "_HANDED_OUT", set())
+    assert free_port() == SERVE_REPLICA_PORTS[0] - 7
