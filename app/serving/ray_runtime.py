@@ -36,6 +36,16 @@ SERVE_ENV: dict[str, str] = {
 }
 
 
+ONE_MACHINE_ENV: dict[str, str] = {
+    # A stopping ingress replica stays reachable this long before it closes its listener (Ray's
+    # default: 30 s, for balancers elsewhere that need time to drop it; production keeps it).
+    # On one machine the HAProxy in front of it hears from Serve's controller within a second,
+    # and one that still routes to it after that is refused and retries another replica. Ray's
+    # 30 s made every stop of `serviceai run` take 34 s (bench/NOTES.md, "The ingress drain").
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+}
+
+
 # Ports free_port has handed out in this process: never the same one twice.
 _HANDED_OUT: set[int] = set()
 # Ray's worker processes take ports from 10002-19999 (its default range); free ports start above.
@@ -89,7 +99,8 @@ PER_MACHINE_PORTS = (
 
 
 def cluster_env(state_dir: Path, free_port: Callable[[], int] | None = None) -> dict[str, str]:
-    """SERVE_ENV for one Ray cluster whose HAProxy keeps its files in `state_dir`.
+    """SERVE_ENV and ONE_MACHINE_ENV for one Ray cluster on this machine whose HAProxy keeps its
+    files in `state_dir`.
 
     HAProxy's files default to /tmp/haproxy-serve, and Serve fixes four ports per machine:
     HAProxy's stats and metrics (8404, 9101) and the fallback proxy that HAProxy sends requests
@@ -107,7 +118,7 @@ def cluster_env(state_dir: Path, free_port: Callable[[], int] | None = None) -> 
             f"HAProxy state dir {state_dir} is longer than {MAX_STATE_DIR_CHARS} characters; "
             "HAProxy's socket path under it would exceed 97"
         )
-    env = dict(SERVE_ENV)
+    env = SERVE_ENV | ONE_MACHINE_ENV
     env |= {
         # HAProxy with X-Forwarded-For (app/serving/haproxy_forwarding.py).
         "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy_forwarding.install(state_dir / "bin"),

@@ -11,6 +11,7 @@ import pytest
 from app.serving import ray_runtime
 from app.serving.ray_runtime import (
     FIRST_FREE_PORT,
+    ONE_MACHINE_ENV,
     PER_MACHINE_PORTS,
     SERVE_ENV,
     SERVE_REPLICA_PORTS,
@@ -24,16 +25,18 @@ def test_two_clusters_on_one_machine_share_no_port_and_no_haproxy_file():
     ports = count(20000)
     first = cluster_env(Path("/tmp/sai-h-1"), lambda: next(ports))
     second = cluster_env(Path("/tmp/sai-h-2"), lambda: next(ports))
-    assert SERVE_ENV.items() <= first.items()
-    mine = {name: value for name, value in first.items() if name not in SERVE_ENV}
-    theirs = {name: value for name, value in second.items() if name not in SERVE_ENV}
+    shared = SERVE_ENV | ONE_MACHINE_ENV
+    assert shared.items() <= first.items()
+    mine = {name: value for name, value in first.items() if name not in shared}
+    theirs = {name: value for name, value in second.items() if name not in shared}
     assert mine.keys() == theirs.keys() >= set(PER_MACHINE_PORTS)
     assert not set(mine.values()) & set(theirs.values())
 
 
-@pytest.mark.parametrize("name", PER_MACHINE_PORTS)
-def test_each_port_is_one_ray_serve_reads_from_the_environment(name):
-    # A renamed variable would silently put a second cluster back on Serve's fixed port.
+@pytest.mark.parametrize("name", [*PER_MACHINE_PORTS, *ONE_MACHINE_ENV])
+def test_each_setting_is_one_ray_serve_reads_from_the_environment(name):
+    # A renamed variable would silently put a second cluster back on Serve's fixed port, or
+    # every stop of `serviceai run` back to Ray's 30 s drain.
     assert hasattr(constants, name)
 
 
