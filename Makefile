@@ -77,7 +77,7 @@ bench-ray-llm: install
 bench-affinity: install
 	$(BIN)/python -m bench.prefix_affinity
 
-# A free flood and a pro trickle on 8 engine slots: fcfs, priority, priority with a reserve, bare vLLM (~9 min).
+# A free flood and a pro trickle on 8 engine slots: fcfs, priority, priority with a reserve, bare vLLM (~10 min).
 bench-priority: install
 	$(BIN)/python -m bench.priority
 
