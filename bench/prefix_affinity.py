@@ -44,7 +44,7 @@ from bench.report import gpu_names
 from bench.run import RESULTS, engine_args_arg
 from bench.servers import (
     BENCH_TYPE, PROJECT_ROOT, BenchTarget, Server, bench_model_type, bench_target, free_port,
-    ray_serve_llm, serviceai,
+    ray_serve_llm, serviceai, stop_servers_on_sigterm,
 )
 from deployments import tiny_model
 from deployments.request_router import MAX_IMBALANCE
@@ -193,6 +193,7 @@ def table(results: dict[str, dict[str, float]]) -> str:
 
 
 def main() -> None:
+    stop_servers_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", default="2,4", help="replica counts, comma-separated")
     parser.add_argument(

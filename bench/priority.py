@@ -42,6 +42,7 @@ from bench.report import gpu_names
 from bench.run import RESULTS, engine_args_arg
 from bench.servers import (
     BENCH_LIMITS, BENCH_TYPE, Server, bare_vllm, bench_target, free_port, provision_key, serviceai,
+    stop_servers_on_sigterm,
 )
 
 SLOTS = 8
@@ -261,6 +262,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    stop_servers_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--unary-flood", action="store_true",
                         help="the flood asks for whole replies: the engine's work without the "

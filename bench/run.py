@@ -43,6 +43,7 @@ from bench.servers import (
     ray_serve_llm,
     replica_pids,
     serviceai,
+    stop_servers_on_sigterm,
 )
 
 RESULTS = PROJECT_ROOT / "bench" / "results"
@@ -223,6 +224,7 @@ def run_plan(args: argparse.Namespace, gpu: bool) -> tuple[dict[str, Any], Bench
 
 
 def main() -> None:
+    stop_servers_on_sigterm()
     args = parser().parse_args()
     spec, target = run_plan(args, gpu=bool(report.gpu_names()))
     # docs/performance.md's tables and latest-*.md are `make bench`'s: the tiny model at the

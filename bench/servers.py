@@ -208,6 +208,13 @@ def _wait_for_every_replica(process: subprocess.Popen, log: Path, timeout_s: flo
     raise TimeoutError(f"applications not all RUNNING within the start-up time: {statuses}; see {log}")
 
 
+def stop_servers_on_sigterm() -> None:
+    """A bench stopped with SIGTERM (`kill`, `pkill`) stops the servers it started, as Ctrl-C
+    does: the signal unwinds its `with` blocks instead of ending the process where it stands
+    (which left a whole service running, bench/NOTES.md)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def _stop(process: subprocess.Popen, owned: list[psutil.Process], grace_s: float = 30) -> None:
     """SIGTERM the server, then SIGKILL whatever it started that is still alive."""
     if process.poll() is None:
