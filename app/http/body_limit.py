@@ -1,10 +1,17 @@
 """A cap on the size of request bodies, and on the time they take, enforced while they are read.
 
-A declared `Content-Length` over the cap is refused before any byte of the body is read; a
-body without one (chunked) is counted as it arrives and cut off at the cap. Either way the
+A declared `Content-Length` over the cap is refused before the application sees a byte of the
+body; a body without one (chunked) is counted as it arrives and cut off at the cap. Either way the
 client gets a 413 in the OpenAI envelope, and the application never holds more than the cap.
 A body still arriving `read_timeout_s` after the application first asked for it is cut off
 with a 408: a client sending a byte a second holds nothing for long.
+
+Any answer given before the body has all arrived (these refusals, a stranger's 401) goes out at
+once, and then the rest of the body is read and dropped before the response ends: closing a
+connection with unread bytes in it sends a reset, and a reset can cut the answer off on its way
+(HAProxy in front of the ingress then passes on a truncated reply or none). What is dropped stays
+within the same read deadline and `DRAIN_FACTOR` times the cap; past those the connection is
+closed as it stands.
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ from app.openai.errors import error_body
 
 DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 DEFAULT_BODY_READ_TIMEOUT_S = 30.0
+# A body refused for its size is read to its end and dropped up to this many times the cap.
+DRAIN_FACTOR = 8
+_DISCONNECT: Message = {"type": "http.disconnect"}
 
 
 def too_slow_body(read_timeout_s: float) -> bytes:
@@ -42,9 +52,73 @@ def too_large_body(max_body_bytes: int) -> bytes:
     )
 
 
+class RequestBody:
+    """One request's body as it arrives: counted, read under a deadline, cut off at the cap."""
+
+    def __init__(
+        self, scope: Scope, receive: Receive, max_bytes: int, read_timeout_s: float
+    ) -> None:
+        self._receive = receive
+        self.max_bytes = max_bytes
+        self.read_timeout_s = read_timeout_s
+        self.declared, chunked, self._awaits_continue = _framing(scope["headers"])
+        self.received = 0
+        self.done = self.declared == 0 and not chunked  # nothing (more) to come
+        self.gone = False  # the client disconnected
+        self.over: int | None = None  # the status that cut the body off: 413 or 408
+        self._deadline: float | None = None
+
+    async def receive(self) -> Message:
+        """The application's `receive`: a disconnect once the body is cut off."""
+        if self.over:
+            return _DISCONNECT
+        if self.done:  # past the body only a disconnect can come: no deadline on it
+            return await self._receive()
+        try:
+            message = await self._next()
+        except TimeoutError:
+            # Stop the app reading here; whatever it answers is replaced by the 408.
+            self.over = 408
+            return _DISCONNECT
+        if self.received > self.max_bytes:
+            self.over = 413
+            return _DISCONNECT
+        return message
+
+    async def drop_rest(self) -> None:
+        """Read what is left of the body and drop it, so that the connection closes without a
+        reset: not for a body too slow to wait for, one far over the cap, or one the client
+        has not begun to send (it waits for `100 Continue`, which this never asks for)."""
+        if (
+            self.done
+            or self.gone
+            or self.over == 408
+            or self.declared > DRAIN_FACTOR * self.max_bytes
+            or (self._awaits_continue and self.received == 0)
+        ):
+            return
+        try:
+            while not self.done and not self.gone and self.received <= DRAIN_FACTOR * self.max_bytes:
+                await self._next()
+        except TimeoutError:
+            return
+
+    async def _next(self) -> Message:
+        if self._deadline is None:
+            self._deadline = asyncio.get_running_loop().time() + self.read_timeout_s
+        async with asyncio.timeout_at(self._deadline):
+            message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            self.done = not message.get("more_body", False)
+        else:
+            self.gone = True
+        return message
+
+
 class BodyLimit:
     """ASGI middleware: 413 for a request body over `max_body_bytes`, 408 for one that takes
-    longer than `read_timeout_s` to arrive."""
+    longer than `read_timeout_s` to arrive; any early answer ends after the body is dropped."""
 
     def __init__(
         self,
@@ -63,55 +137,41 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if _declared_length(scope) > self.max_body_bytes:
-            await self._refuse(send, 413)
+        body = RequestBody(scope, receive, self.max_body_bytes, self.read_timeout_s)
+        if body.declared > self.max_body_bytes:
+            body.over = 413
+            await self._refuse(send, body, 413)
             return
-        received = 0
-        over: int | None = None  # the status that cut the body off
         refused = False
-        deadline: float | None = None
-        body_done = False
-
-        async def counted_receive() -> Message:
-            nonlocal received, over, deadline, body_done
-            if over:
-                return {"type": "http.disconnect"}
-            if body_done:  # past the body only a disconnect can come: no deadline on it
-                return await receive()
-            if deadline is None:
-                deadline = asyncio.get_running_loop().time() + self.read_timeout_s
-            try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                # Stop the app reading here; whatever it answers is replaced by the 408.
-                over = 408
-                return {"type": "http.disconnect"}
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                body_done = not message.get("more_body", False)
-                if received > self.max_body_bytes:
-                    over = 413
-                    return {"type": "http.disconnect"}
-            return message
 
         async def guarded_send(message: Message) -> None:
             nonlocal refused
-            if not over:
-                await send(message)
-            elif not refused and message["type"] == "http.response.start":
-                refused = True
-                await self._refuse(send, over)
+            if body.over:
+                if not refused and message["type"] == "http.response.start":
+                    refused = True
+                    await self._refuse(send, body, body.over)
+                return
+            if (
+                message["type"] == "http.response.body"
+                and not message.get("more_body", False)
+                and not body.done
+            ):
+                # Answered before the body was read (a stranger's 401): out now, ended after.
+                await send({**message, "more_body": True})
+                await body.drop_rest()
+                await send({"type": "http.response.body", "body": b""})
+                return
+            await send(message)
 
         try:
-            await self.app(scope, counted_receive, guarded_send)
+            await self.app(scope, body.receive, guarded_send)
         except Exception:
-            if not over:
+            if not body.over:
                 raise
-        if over and not refused:
-            await self._refuse(send, over)
+        if body.over and not refused:
+            await self._refuse(send, body, body.over)
 
-    async def _refuse(self, send: Send, status: int) -> None:
+    async def _refuse(self, send: Send, body: RequestBody, status: int) -> None:
         refusal = self._refusals[status]
         await send(
             {
@@ -124,16 +184,24 @@ class BodyLimit:
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": refusal})
+        await send({"type": "http.response.body", "body": refusal, "more_body": True})
+        await body.drop_rest()
+        await send({"type": "http.response.body", "body": b""})
 
 
-def _declared_length(scope: Scope) -> int:
-    """The largest Content-Length the client declared (a repeated header counts at its worst)."""
-    lengths = [v for k, v in scope["headers"] if k.lower() == b"content-length"]
-    largest = 0
-    for value in lengths:
-        try:
-            largest = max(largest, int(value))
-        except ValueError:
-            continue
-    return largest
+def _framing(headers: list[tuple[bytes, bytes]]) -> tuple[int, bool, bool]:
+    """The largest Content-Length declared (a repeated header counts at its worst), whether
+    the body is chunked, and whether the client waits for `100 Continue` before sending it."""
+    largest, chunked, awaits_continue = 0, False, False
+    for key, value in headers:
+        key = key.lower()
+        if key == b"content-length":
+            try:
+                largest = max(largest, int(value))
+            except ValueError:
+                continue
+        elif key == b"transfer-encoding":
+            chunked = chunked or b"chunked" in value.lower()
+        elif key == b"expect":
+            awaits_continue = value.lower() == b"100-continue"
+    return largest, chunked, awaits_continue

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
+from starlette.types import ASGIApp
 
 from app.http.app import create_api
 from app.accounts.auth import Caller, KeyVerifier
@@ -23,6 +24,7 @@ from app.limits.admission import RateLimits
 from app.limits.usage_meter import UsageMeter
 from app.limits.counters import MemoryCounters, open_counters
 from tests.app.conftest import bearer
+from tests.app.http.asgi_exchange import Exchange, http_scope
 from tests.conftest import REDIS, app_args, error_of
 
 REDIS_URL = REDIS
@@ -36,7 +38,10 @@ HUGE_BODY = (
 
 
 class App:
-    def __init__(self, client: httpx.AsyncClient, store: KeyStore, limits: RateLimits) -> None:
+    def __init__(
+        self, api: ASGIApp, client: httpx.AsyncClient, store: KeyStore, limits: RateLimits
+    ) -> None:
+        self.api = api
         self.client = client
         self.store = store
         self.limits = limits
@@ -58,26 +63,22 @@ async def app(store: KeyStore) -> AsyncIterator[App]:
     )
     transport = httpx.ASGITransport(app=api, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-        yield App(client, store, limits)
+        yield App(api, client, store, limits)
     await limits.close()
     await storage.clear()
 
 
 async def test_a_stranger_gets_401_before_a_byte_of_the_body_is_read(app):
-    read = 0
-
-    async def body() -> AsyncIterator[bytes]:
-        nonlocal read
-        for start in range(0, len(HUGE_BODY), 65536):
-            read += 1
-            yield HUGE_BODY[start:start + 65536]
-
-    response = await app.client.post(
-        "/v1/chat/completions", content=body(),
-        headers={**bearer("sai-" + "x" * 43), "content-type": "application/json"},
-    )
-    assert error_of(response, 401)["code"] == "invalid_api_key"
-    assert read == 0
+    pieces = [HUGE_BODY[start:start + 65536] for start in range(0, len(HUGE_BODY), 65536)]
+    exchange = Exchange(pieces)
+    await exchange.run(app.api, http_scope(
+        "/v1/chat/completions", ("authorization", "Bearer sai-" + "x" * 43),
+        ("content-type", "application/json"), ("content-length", str(len(HUGE_BODY))),
+    ))
+    assert exchange.status == 401 and b"invalid_api_key" in exchange.answer
+    # The whole answer goes out first; the body is then dropped unparsed, so that the
+    # connection ends without a reset.
+    assert exchange.reads_before_answer() == 0 and exchange.ended_after_the_last_read()
 
 
 async def test_a_stranger_is_refused_first_under_a_route_prefix_too(store):

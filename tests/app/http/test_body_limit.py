@@ -1,19 +1,23 @@
-"""Request bodies over SERVICEAI_MAX_BODY_BYTES: 413 in the envelope, refused while read."""
+"""Request bodies over SERVICEAI_MAX_BODY_BYTES: 413 in the envelope, refused while read; any
+early answer goes out whole and ends only after the rest of the body is dropped."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.http.app import create_api
 from app.accounts.auth import KeyVerifier
-from app.http.body_limit import DEFAULT_MAX_BODY_BYTES
+from app.http.body_limit import DEFAULT_MAX_BODY_BYTES, DRAIN_FACTOR, BodyLimit
 from app.serving.dispatch import ModelRouter
 from app.limits.usage_meter import UsageMeter
 from app.config.settings import Settings
 from tests.app.conftest import bearer, shipped_limits
+from tests.app.http.asgi_exchange import Exchange, http_scope
 from tests.conftest import error_of
 
 LIMIT = 64 * 1024
@@ -42,39 +46,120 @@ def assert_too_large(response: httpx.Response) -> None:
 
 async def test_a_declared_length_over_the_limit_is_refused_unread(limited):
     client, key = limited
-    read = []
-
-    async def body() -> AsyncIterator[bytes]:
-        read.append(1)
-        yield b"{}"
-
     response = await client.post(
-        "/v1/account/keys", content=body(),
+        "/v1/account/keys", content=b"{}",
         headers={**bearer(key), "Content-Length": str(LIMIT + 1), "Content-Type": "application/json"},
     )
     assert_too_large(response)
-    assert read == []
 
 
-async def test_a_chunked_body_is_cut_off_at_the_limit(limited):
-    client, key = limited
-    sent = 0
+def recording_app(seen: list[Message], status: int = 200) -> ASGIApp:
+    """An app that reads the whole body (keeping what it saw) and answers `status`."""
 
-    async def body() -> AsyncIterator[bytes]:
-        nonlocal sent
-        yield b'{"name": "'
-        for _ in range(4 * LIMIT // len(PIECE)):
-            sent += len(PIECE)
-            yield PIECE
-        yield b'"}'
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            seen.append(message)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
 
-    response = await client.post(
-        "/v1/account/keys", content=body(),
-        headers={**bearer(key), "Content-Type": "application/json"},
+    return app
+
+
+async def test_the_app_never_sees_a_declared_body_over_the_limit():
+    seen: list[Message] = []
+    exchange = Exchange([PIECE] * (LIMIT // len(PIECE) + 1))
+    await exchange.run(
+        BodyLimit(recording_app(seen), max_body_bytes=LIMIT),
+        http_scope("/", ("content-length", str(LIMIT + len(PIECE)))),
     )
-    assert_too_large(response)
-    # Refused as soon as the limit was passed, not after reading everything.
-    assert sent <= LIMIT + 2 * len(PIECE)
+    assert exchange.status == 413 and seen == []
+    assert b"request_too_large" in exchange.answer
+
+
+async def test_a_chunked_body_is_cut_off_at_the_limit():
+    seen: list[Message] = []
+    exchange = Exchange([PIECE] * (4 * LIMIT // len(PIECE)))
+    await exchange.run(
+        BodyLimit(recording_app(seen), max_body_bytes=LIMIT),
+        http_scope("/", ("transfer-encoding", "chunked")),
+    )
+    assert exchange.status == 413
+    # The app held no more than the cap and a piece, then read a disconnect.
+    assert sum(len(m.get("body", b"")) for m in seen) <= LIMIT + len(PIECE)
+    assert seen[-1] == {"type": "http.disconnect"}
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_refusal_goes_out_whole_then_the_rest_of_the_body_is_dropped(framing):
+    # Closing with unread bytes resets the connection, and a reset can cut the answer off
+    # in HAProxy: the response ends only once the whole body has been read.
+    pieces = [PIECE] * (4 * LIMIT // len(PIECE))
+    header = (
+        ("content-length", str(4 * LIMIT)) if framing == "content-length"
+        else ("transfer-encoding", "chunked")
+    )
+    exchange = Exchange(pieces)
+    await exchange.run(BodyLimit(recording_app([]), max_body_bytes=LIMIT), http_scope("/", header))
+    assert exchange.status == 413
+    assert exchange.bytes_read() == 4 * LIMIT and exchange.ended_after_the_last_read()
+    if framing == "content-length":
+        assert exchange.reads_before_answer() == 0
+
+
+async def test_an_early_answer_goes_out_at_once_and_ends_after_the_body_is_dropped():
+    async def stranger_refused(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 401, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    exchange = Exchange([PIECE] * 10)
+    await exchange.run(
+        BodyLimit(stranger_refused, max_body_bytes=LIMIT),
+        http_scope("/", ("content-length", str(10 * len(PIECE)))),
+    )
+    assert exchange.status == 401 and exchange.answer == b"{}"
+    assert exchange.reads_before_answer() == 0
+    assert exchange.bytes_read() == 10 * len(PIECE) and exchange.ended_after_the_last_read()
+
+
+async def test_what_is_dropped_is_bounded():
+    app = BodyLimit(recording_app([]), max_body_bytes=LIMIT, read_timeout_s=0.3)
+    # Far over the cap: refused without reading a byte.
+    huge = Exchange([PIECE] * 4, then="stall")
+    await huge.run(app, http_scope("/", ("content-length", str((DRAIN_FACTOR + 1) * LIMIT))))
+    assert huge.status == 413 and huge.bytes_read() == 0
+    # A chunked body is dropped only up to DRAIN_FACTOR times the cap.
+    endless = Exchange([PIECE] * ((DRAIN_FACTOR + 2) * LIMIT // len(PIECE)), then="stall")
+    await endless.run(app, http_scope("/", ("transfer-encoding", "chunked")))
+    assert endless.status == 413 and endless.bytes_read() <= DRAIN_FACTOR * LIMIT + len(PIECE)
+    # A client that stops sending is waited for only until the read deadline.
+    stalled = Exchange([PIECE] * (2 * LIMIT // len(PIECE)), then="stall")
+    await stalled.run(app, http_scope("/", ("content-length", str(3 * LIMIT))))
+    assert stalled.status == 413 and stalled.bytes_read() == 2 * LIMIT
+    # A client waiting for `100 Continue` is answered without being asked for the body.
+    waiting = Exchange([PIECE], then="stall")
+    await waiting.run(
+        app, http_scope("/", ("content-length", str(2 * LIMIT)), ("expect", "100-continue"))
+    )
+    assert waiting.status == 413 and waiting.bytes_read() == 0
+    # A client that leaves is not waited for.
+    leaving = Exchange([PIECE] * 2, then="leave")
+    await leaving.run(app, http_scope("/", ("content-length", str(3 * LIMIT))))
+    assert leaving.status == 413 and leaving.log[-2][1] == {"type": "http.disconnect"}
+
+
+async def test_a_body_too_slow_is_cut_off_with_408_and_not_waited_for_again():
+    seen: list[Message] = []
+    exchange = Exchange([PIECE], then="stall")
+    started = asyncio.get_running_loop().time()
+    await exchange.run(
+        BodyLimit(recording_app(seen), max_body_bytes=LIMIT, read_timeout_s=0.3),
+        http_scope("/", ("content-length", str(2 * len(PIECE)))),
+    )
+    assert exchange.status == 408 and b"request_timeout" in exchange.answer
+    assert asyncio.get_running_loop().time() - started < 5
 
 
 async def test_the_limit_holds_before_authentication(limited):
