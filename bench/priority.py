@@ -233,6 +233,7 @@ async def workload(server: Server, pro_key: str, stream_flood: bool,
         "pro_under_flood": percentiles(pro),
         "free_under_flood": percentiles(free_ttfts),
         "free_tokens_per_s_while_pro_ran": free_tokens / window,
+        "free_streams": flood["streams"],
         "phases": phases,
         "pro_ms": {"alone": [round(1000 * t, 2) for t in unloaded],
                    "under_flood": [round(1000 * t, 2) for t in pro]},
@@ -316,7 +317,8 @@ def main() -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = {
-        "workload": {"slots": SLOTS, "flood": FLOOD, "flood_tokens": args.flood_tokens,
+        # Free streams per setup are in each result: the bare setup floods with fewer.
+        "workload": {"slots": SLOTS, "flood_tokens": args.flood_tokens,
                      "pro_tokens": PRO_TOKENS, "pro_requests": args.pro_requests,
                      "alone_requests": args.alone_requests, "rounds": args.rounds,
                      "flood_streams": not args.unary_flood, "model": args.model or "tiny",
