@@ -89,16 +89,17 @@ class RequestBody:
         """Read what is left of the body and drop it, so that the connection closes without a
         reset: not for a body too slow to wait for, one far over the cap, or one the client
         has not begun to send (it waits for `100 Continue`, which this never asks for)."""
+        most = DRAIN_FACTOR * self.max_bytes
         if (
             self.done
             or self.gone
             or self.over == 408
-            or self.declared > DRAIN_FACTOR * self.max_bytes
+            or self.declared > most
             or (self._awaits_continue and self.received == 0)
         ):
             return
         try:
-            while not self.done and not self.gone and self.received <= DRAIN_FACTOR * self.max_bytes:
+            while not self.done and not self.gone and self.received <= most:
                 await self._next()
         except TimeoutError:
             return

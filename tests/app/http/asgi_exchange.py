@@ -55,7 +55,8 @@ class Exchange:
 
     @property
     def answer(self) -> bytes:
-        return b"".join(m.get("body", b"") for kind, m in self.log if m["type"] == "http.response.body")
+        sent = [m for _, m in self.log if m["type"] == "http.response.body"]
+        return b"".join(m.get("body", b"") for m in sent)
 
     def bytes_read(self) -> int:
         return sum(len(m.get("body", b"")) for kind, m in self.log if kind == "read")
