@@ -85,5 +85,5 @@ async def _refused_body(request: Request, exc: RequestValidationError) -> JSONRe
     caller = request.scope.get("state", {}).get("caller")
     if caller is not None:
         body = exc.body if isinstance(exc.body, dict) else {}
-        request.app.state.limits.count_refused(caller, body.get("model"))
+        await request.app.state.limits.refuse(caller, body.get("model"))
     return validation_error(request, exc)

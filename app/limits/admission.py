@@ -44,6 +44,8 @@ RATE_LIMITED = "rate_limit_exceeded"
 QUOTA_SPENT = "insufficient_quota"
 STORAGE_RETRY_AFTER_S = 2
 FAILURE_LOG_EVERY_S = 30.0
+# The longest a refusal waits for its count to be written (a storage that does not answer).
+REFUSED_WRITE_WAIT_S = 1.0
 
 
 def duration(seconds: float) -> str:
@@ -150,6 +152,7 @@ class RateLimits:
         self._background: set[asyncio.Task[None]] = set()
         # Refused bodies not yet written, by request window: a burst is one INCRBY per window.
         self._refused: dict[str, tuple[CounterKeys, int]] = {}
+        self._refused_round: asyncio.Future[None] | None = None  # done when those are written
         self._writing_refused = False
         self._last_failure_log = -math.inf
 
@@ -342,29 +345,51 @@ class RateLimits:
             return True
         return used < limits.requests_per_minute
 
-    def count_refused(self, caller: Caller, model: object) -> None:
+    async def refuse(self, caller: Caller, model: object) -> None:
+        """Count a request refused for its body, and wait (at most `REFUSED_WRITE_WAIT_S`)
+        until the count is written: the refusal then goes out after it, so the caller's next
+        request is admitted against it (a count written off the response path could land
+        after that request, on a loaded ingress)."""
+        await asyncio.wait([self.count_refused(caller, model)], timeout=REFUSED_WRITE_WAIT_S)
+
+    def count_refused(self, caller: Caller, model: object) -> asyncio.Future[None]:
         """Count a request refused for its body against the caller's request rate: on the
-        model type it named, or on every type of its plan when it named none of them."""
+        model type it named, or on every type of its plan when it named none of them. Done
+        when the write that takes it along has ended."""
         plan = self.plans.get(caller.plan)
+        loop = asyncio.get_running_loop()
         if plan is None:
-            return
+            nothing = loop.create_future()
+            nothing.set_result(None)
+            return nothing
         types = [model] if isinstance(model, str) and model in plan.root else list(plan.root)
         for model_type in types:
             keys = self._keys(caller, model_type, plan.on(model_type))
             window = keys.requests_key()
             self._refused[window] = (keys, self._refused.get(window, (keys, 0))[1] + 1)
+        if self._refused_round is None:
+            self._refused_round = loop.create_future()
+        counted = self._refused_round
         if not self._writing_refused:
             self._writing_refused = True
             self.in_background(self._write_refused())
+        return counted
 
     async def _write_refused(self) -> None:
         """Write the refused bodies counted so far, and those counted while writing, until none
         are left (one write per window per round trip, however many bodies came meanwhile)."""
-        while self._refused:
-            counted, self._refused = self._refused, {}
-            await asyncio.gather(*(self._logged(self.counters.count_request(keys, requests))
-                                   for keys, requests in counted.values()))
-        self._writing_refused = False
+        try:
+            while self._refused:
+                counted, self._refused = self._refused, {}
+                written, self._refused_round = self._refused_round, None
+                try:
+                    await asyncio.gather(*(self._logged(self.counters.count_request(keys, n))
+                                           for keys, n in counted.values()))
+                finally:
+                    if written is not None and not written.done():
+                        written.set_result(None)
+        finally:
+            self._writing_refused = False
 
     def _storage_failed(self, exc: Exception) -> Admission:
         now = time.monotonic()

@@ -214,7 +214,7 @@ async def check_prompt_length(
         await endpoint.prompt_tokens(api, payload)
     except ApiError as error:
         if error.status < 500:
-            limits.count_refused(caller, endpoint.name)
+            await limits.refuse(caller, endpoint.name)
         raise
 
 

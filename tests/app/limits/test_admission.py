@@ -13,6 +13,7 @@ from app.accounts.auth import Caller
 from app.accounts.keystore.schemas import KeyLimits
 from app.openai.errors import ApiError
 from app.limits.plans import Plans
+from app.limits import admission as admission_module
 from app.limits.admission import UNLIMITED, RateLimits, duration
 from app.limits.counters import MemoryCounters, open_counters
 from tests.conftest import REDIS, app_args, free_port
@@ -199,6 +200,30 @@ async def test_a_burst_of_refused_bodies_is_counted_whole_in_a_few_writes():
     keys = limits._keys(who, FAST, PLANS.get(who.plan).on(FAST))
     assert await storage.requests_used(keys) == 1000
     assert storage.writes == 2  # not a thousand writes queueing for the storage's connections
+
+
+async def test_a_refusal_goes_out_after_its_count_is_written():
+    # Written off the response path, the count could land after the caller's next request
+    # on a loaded ingress: the 11th request of a minute was once admitted in CI.
+    storage = _CountingWrites()
+    limits, who = RateLimits(PLANS, storage), caller()
+    keys = limits._keys(who, FAST, PLANS.get(who.plan).on(FAST))
+    await asyncio.gather(*(limits.refuse(who, FAST) for _ in range(3)))
+    assert await storage.requests_used(keys) == 3  # no written() needed
+    assert storage.writes == 1
+
+
+async def test_a_refusal_waits_for_its_count_only_so_long(monkeypatch):
+    class _Stuck(MemoryCounters):
+        async def count_request(self, keys, requests: int = 1) -> None:
+            await asyncio.Event().wait()  # a storage that never answers
+
+    monkeypatch.setattr(admission_module, "REFUSED_WRITE_WAIT_S", 0.05)
+    limits = RateLimits(PLANS, _Stuck())
+    async with asyncio.timeout(5):
+        await limits.refuse(caller(), FAST)
+    for task in list(limits._background):
+        task.cancel()
 
 
 @pytest.mark.parametrize("fail_open", [True, False])
