@@ -364,11 +364,28 @@ def bare_pids(server: Server) -> dict[str, int]:
     return found
 
 
-def replica_pids(server: Server) -> dict[str, int]:
+def replica_pids(server: Server, settle_s: float = 30) -> dict[str, int]:
     """Pids of a Serve server's Ray processes by role, for profiling: this service's or Ray Serve
     LLM's. The Serve replica whose children hold vLLM's engine core is "model", another replica
     (an ingress: this service's, or Ray Serve LLM's OpenAI ingress in its default mode) is
-    "ingress"; Serve's proxy and HAProxy where they run."""
+    "ingress"; Serve's proxy and HAProxy where they run.
+
+    Two replicas in one role (seen once in a `make bench` run, cause not caught: a replica being
+    replaced, or a model replica whose engine was not found) are looked for again until
+    `settle_s` has passed; then the error names both."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        found, clash = _replica_pids_once(server)
+        if not clash:
+            return found
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{server.name} runs two {clash[0]} replicas; the bench expects "
+                               f"one: {_describe(clash[1])}; {_describe(clash[2])}")
+        time.sleep(1)
+
+
+def _replica_pids_once(server: Server) -> tuple[dict[str, int], tuple[str, int, int] | None]:
+    """`replica_pids` at one moment, and the first role held by two replicas (role, pids)."""
     found: dict[str, int] = {}
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
@@ -379,7 +396,7 @@ def replica_pids(server: Server) -> dict[str, int]:
             engines = [c for c in _descendants(proc.pid) if _is_engine_core(c)]
             role = "model" if engines else "ingress"
             if role in found:
-                raise RuntimeError(f"{server.name} runs two {role} replicas; the bench expects one")
+                return found, (role, found[role], proc.pid)
             found[role] = proc.pid
             if engines:
                 found["engine_core"] = engines[0].pid
@@ -389,7 +406,18 @@ def replica_pids(server: Server) -> dict[str, int]:
             for child in _descendants(proc.pid):
                 if child.name() == "haproxy":
                     found["haproxy"] = child.pid
-    return found
+    return found, None
+
+
+def _describe(pid: int) -> str:
+    """A process's pid, command line, age and children, for an error message."""
+    try:
+        proc = psutil.Process(pid)
+        children = [f"{c.pid} {c.name()}" for c in _descendants(pid)]
+        age_s = time.time() - proc.create_time()
+        return f"{pid} {' '.join(proc.cmdline())[:80]!r}, up {age_s:.0f} s, children {children}"
+    except psutil.Error as exc:
+        return f"{pid} ({type(exc).__name__})"
 
 
 def _is_engine_core(process: psutil.Process) -> bool:
