@@ -90,8 +90,8 @@ class ModelTypeConfig(BaseModel):
     tool_call_parser: str | None = Field(
         None,
         description="vLLM's tool-call parser for this model (e.g. hermes for Qwen2.5); without one, "
-        "every tool_choice but 'none' is refused (vLLM frames even forced calls with the "
-        "parser), and /v1/responses refuses function tools (400, param tools).",
+        "an automatic tool choice is refused (400, param tool_choice) on every API; a forced "
+        "one ('required', a named function) is served as JSON constrained to the schema.",
     )
     tool_strict_level: Literal["auto", "function", "parameter"] = Field(
         "parameter",
