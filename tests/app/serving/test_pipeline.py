@@ -117,7 +117,7 @@ SHORTEST_MEASURED = -(-(2048 - 134) // PROMPT_BYTES_BOUND)  # bytes, with 134 te
 
 async def requests_used(limits, who) -> int:  # noqa: F811
     keys = limits._keys(who, FAST, limits.plan_limits(who.plan).on(FAST))
-    await limits.written()  # count_refused writes off the response path
+    await limits.written()  # refuse() waits for the count only so long
     return await limits.counters.requests_used(keys)
 
 
