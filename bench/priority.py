@@ -1,12 +1,14 @@
 """Plans under overload: a free flood and a pro trickle (`make bench-priority`).
 
 ServiceAi-Fast on the tiny model with 8 engine slots (`max_num_seqs`), as the issue measured
-bare vLLM. A pro request alone, ten times in all (its unloaded TTFT; `--alone-requests`), and
-under a flood: 24 free streams of 300 tokens kept in flight (each one that ends is replaced,
-from a process of their own) while a pro request of 30 tokens is sent every half second, 20
-times in all (`--pro-requests`). The two take turns, alone phases on either side of each flood
-phase (`--rounds` flood phases, two by default), so that the machine's drift does not move the
-ratio. TTFT p50/p99 per plan, side by side in one run:
+bare vLLM. A pro request of 30 tokens every half second, alone, ten times in all (its unloaded
+TTFT; `--alone-requests`), and under a flood: 24 free streams of 300 tokens kept in flight
+(each one that ends is replaced, from a process of their own), 20 times in all
+(`--pro-requests`). The flood is the only difference between the two: a request sent after
+half a second of quiet takes some 2 ms longer than one sent right after another, on bare vLLM
+as on the service (bench/NOTES.md, "The unloaded figure"). The two take turns, alone phases on
+either side of each flood phase (`--rounds` flood phases, two by default), so that the
+machine's drift does not move the ratio. TTFT p50/p99 per plan, side by side in one run:
 - fcfs: vLLM's default; Serve holds what the 8 slots cannot take, first come first served;
 - priority, no reserve: `scheduling_policy: priority`, requests wait in the replica in plan
   order (deployments.priority_gate) but every slot is anyone's;
@@ -156,8 +158,13 @@ def split(total: int, parts: int) -> list[int]:
 
 async def alone_phase(client: httpx.AsyncClient, server: Server, pro_key: str,
                       pro_priority: int | None, requests: int, first: int) -> list[float]:
-    return [await ttft(client, server, pro_key, PRO_TOKENS, f"alone {first + n}",
-                       priority=pro_priority) for n in range(requests)]
+    """The pro trickle as the flood phase sends it, without the flood."""
+    alone = []
+    for n in range(requests):
+        alone.append(await ttft(client, server, pro_key, PRO_TOKENS, f"alone {first + n}",
+                                priority=pro_priority))
+        await asyncio.sleep(PRO_EVERY_S)
+    return alone
 
 
 async def flood_phase(client: httpx.AsyncClient, server: Server, pro_key: str,
