@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install browser run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority \
+.PHONY: install browser node-clients run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority \
 	lock clean cluster-up cluster-down
 
 install: $(STAMP)
@@ -27,11 +27,18 @@ browser:
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
+# The Node.js clients the e2e tests drive (tests/e2e/node: the Vercel AI SDK, openai), pinned.
+NODE_CLIENTS := tests/e2e/node
+node-clients: $(NODE_CLIENTS)/node_modules/.installed
+$(NODE_CLIENTS)/node_modules/.installed: $(NODE_CLIENTS)/package.json $(NODE_CLIENTS)/package-lock.json
+	cd $(NODE_CLIENTS) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
 run: install
 	$(BIN)/serviceai run
 
 # Throw-away PostgreSQL and Redis where the machine's own do not answer (tests/with_services.sh).
-test: install browser
+test: install browser node-clients
 	PYTHON=$(BIN)/python tests/with_services.sh $(BIN)/python -m pytest
 
 # Rehearse a rollout without GPUs: cluster.yaml's node types as `ray start` nodes on this machine,
