@@ -61,8 +61,8 @@ class ServedApi(Protocol):
 
     def create_error_response(self, error: Exception) -> ErrorResponse: ...
 
-    def body(self, result: Any) -> bytes:
-        """A whole result, encoded as the client gets it."""
+    def body(self, result: Any, request: Any) -> bytes:
+        """A whole result of `request`, encoded as the client gets it."""
 
     def events(self, stream: Any) -> AsyncIterator[Event]:
         """A stream's events, encoded; an error event of vLLM's is raised as its refusal."""
@@ -126,7 +126,7 @@ async def serve(api: ServedApi, body: dict[str, Any], *, batched: bool = True
     if isinstance(result, ErrorResponse):
         raise charged(refusal(result, api, body), count)
     if whole:
-        data = api.body(result)
+        data = api.body(result, request)
         for start in range(0, len(data), MAX_PART_BYTES):
             end = start + MAX_PART_BYTES
             yield ReplyPart(data[start:end], count.prompt, count.completion, end >= len(data))

@@ -25,6 +25,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from deployments.vllm_engine.completions import compact_json
 from deployments.vllm_engine.counting import CountingEngineClient
+from deployments.vllm_engine.forced_tool_calls import is_forced
 from deployments.vllm_engine.replies import Event
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -91,6 +92,7 @@ class ResponsesApi:
     def __init__(self, serving: OpenAIServingResponses, body: dict[str, Any]) -> None:
         self._serving = serving
         self._echo = {name: body.pop(name, None) for name in _ECHOED}
+        self._forced = is_forced(body.get("tool_choice"))
         body["store"] = False
 
     def create(self, request: ResponsesRequest) -> Any:
@@ -102,9 +104,18 @@ class ResponsesApi:
     def schema_param(self, body: dict[str, Any]) -> str:
         return "text.format" if body.get("text") else "tools"
 
-    def body(self, result: ResponsesResponse) -> bytes:
-        _compact_calls(result)
-        return _echoed(result, self._echo).model_dump_json(by_alias=True, exclude=_VLLM_ONLY).encode()
+    def body(self, result: ResponsesResponse, request: ResponsesRequest) -> bytes:
+        self._finished(result)
+        return result.model_dump_json(by_alias=True, exclude=_VLLM_ONLY).encode()
+
+    def _finished(self, response: Any) -> None:
+        """The response as the client gets it: compact call arguments, what the gateway does
+        with it echoed, and no forced call that the length limit cut short (as OpenAI)."""
+        if self._forced and response.status == "incomplete":
+            response.output = [item for item in response.output
+                               if getattr(item, "type", None) != "function_call"]
+        _compact_calls(response)
+        _echoed(response, self._echo)
 
     async def events(self, stream: AsyncIterator[Any]) -> AsyncIterator[Event]:
         """OpenAI's stream events, encoded; the terminal one held apart (`final`)."""
@@ -112,8 +123,7 @@ class ResponsesApi:
             async for event in stream:
                 response = getattr(event, "response", None)
                 if response is not None:
-                    _compact_calls(response)
-                    _echoed(response, self._echo)
+                    self._finished(response)
                     data = event.model_dump_json(by_alias=True, exclude={"response": _VLLM_ONLY})
                 else:
                     data = event.model_dump_json(by_alias=True)

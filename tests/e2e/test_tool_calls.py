@@ -151,17 +151,39 @@ async def test_a_forced_responses_call_parses_against_its_schema(
             assert [name for name, _ in calls] == ["get_weather"]
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-async def test_a_named_call_cut_by_max_tokens_is_the_partial_call_with_length(
-    async_client, stream
-):
-    """As OpenAI answers: finish_reason 'length', the call with what its arguments had."""
-    finish, calls = await chat_call(async_client, "ServiceAi-Fast", CHOICES["named"][0], 0,
-                                    stream, max_tokens=3)
+@pytest.mark.parametrize("model", TYPES)
+@pytest.mark.parametrize("choice", CHOICES, ids=list(CHOICES))
+async def test_a_forced_chat_call_cut_by_the_length_limit_is_no_call(async_client, model, choice):
+    """As OpenAI answers (and vLLM's own test_max_tokens_with_tool_choice_required): a whole
+    reply ends 'length' with no tool_calls and empty content; a stream ends 'length' (what it
+    sent of the call's arguments before the cut has gone out)."""
+    request = dict(model=model, messages=HI, tools=CHAT_TOOLS, tool_choice=CHOICES[choice][0],
+                   max_completion_tokens=1)
+    [whole] = (await async_client.chat.completions.create(**request)).choices
+    assert whole.finish_reason == "length"
+    assert not whole.message.tool_calls and whole.message.content == ""
+    finish, _ = await chat_call(async_client, model, CHOICES[choice][0], 0, True, max_tokens=1)
     assert finish == "length"
-    [(name, arguments)] = calls
-    assert name == "get_weather" and arguments
-    assert '{"city":"'.startswith(arguments) or arguments.startswith('{"city":"'), arguments
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("choice", ["required", "named"])
+async def test_a_forced_responses_call_cut_by_the_length_limit_is_incomplete_with_no_call(
+    async_client, stream, choice
+):
+    tool_choice = "required" if choice == "required" else {"type": "function",
+                                                           "name": "get_weather"}
+    request = dict(model="ServiceAi-Fast", input="What is the weather in Paris?",
+                   tools=RESPONSES_TOOLS, tool_choice=tool_choice, max_output_tokens=1,
+                   store=False)
+    if stream:
+        async with async_client.responses.stream(**request) as events:
+            response = await events.get_final_response()
+    else:
+        response = await async_client.responses.create(**request)
+    assert response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert [item.type for item in response.output if item.type == "function_call"] == []
 
 
 @pytest.mark.parametrize("tool_choice", ["auto", None])

@@ -106,3 +106,30 @@ def test_whole_arguments_come_back_compact_and_valid_json():
     # A raw control character in a string is not JSON; escaped, it is.
     assert compact_json('{"city":"P\x06"}') == '{"city":"P\\u0006"}'
     assert compact_json('{"city":"Pa') == '{"city":"Pa'  # cut by max_tokens: as it came
+
+
+@pytest.mark.parametrize("finish_reason, calls", [("length", 0), ("stop", 1)])
+def test_a_forced_call_cut_short_by_the_length_limit_is_no_call(finish_reason, calls):
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionResponse,
+        ChatCompletionResponseChoice,
+    )
+    from vllm.entrypoints.generate.base.protocol import FunctionCall, ToolCall
+    from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+    from deployments.vllm_engine.completions import ChatApi
+
+    class Serving:
+        create_chat_completion = None
+
+    call = ToolCall(function=FunctionCall(name="get_weather", arguments='{"city": "Rome"}'))
+    message = {"role": "assistant", "content": "", "tool_calls": [call]}
+    result = ChatCompletionResponse(
+        model="m", usage=UsageInfo(prompt_tokens=1, completion_tokens=1, total_tokens=2),
+        choices=[ChatCompletionResponseChoice(index=0, message=message,
+                                              finish_reason=finish_reason)])
+    named = chat({"type": "function", "function": {"name": "get_weather"}})
+    [choice] = json.loads(ChatApi(Serving()).body(result, named))["choices"]
+    assert choice["finish_reason"] == finish_reason
+    assert len(choice["message"].get("tool_calls") or []) == calls
+    assert choice["message"]["content"] == ""

@@ -44,7 +44,7 @@ class StandInApi:
     def create_error_response(self, error: Exception) -> ErrorResponse:
         return error_response(str(error), 400)
 
-    def body(self, result: Any) -> bytes:
+    def body(self, result: Any, request: Any) -> bytes:
         return result
 
     def events(self, stream: Any):

@@ -33,7 +33,7 @@ def test_vllm_gets_store_off_and_no_previous_id_and_the_reply_says_what_the_gate
     body = {"model": "m", "input": [], "store": True, "previous_response_id": "resp_1"}
     api = ResponsesApi(serving=None, body=body)
     assert body == {"model": "m", "input": [], "store": False}
-    reply = json.loads(api.body(ResponseObject(id="resp_2", store=False)))
+    reply = json.loads(api.body(ResponseObject(id="resp_2", store=False), None))
     assert reply == {"id": "resp_2", "store": True, "previous_response_id": "resp_1"}
 
 
