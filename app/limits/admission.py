@@ -46,6 +46,8 @@ STORAGE_RETRY_AFTER_S = 2
 FAILURE_LOG_EVERY_S = 30.0
 # The longest a refusal waits for its count to be written (a storage that does not answer).
 REFUSED_WRITE_WAIT_S = 1.0
+# The longest a reply's last bytes wait for its slot to be freed (the same).
+SETTLE_WAIT_S = 1.0
 
 
 def duration(seconds: float) -> str:
@@ -117,13 +119,28 @@ class Admission:
         None when no plan limits it."""
         return None if self.reply_cap is None else min(self.reply_cap, context)
 
-    def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def settle(self, prompt_tokens: int, completion_tokens: int) -> asyncio.Future[None]:
         """Replace the reservation by the tokens the engine reported and free the concurrency
-        slot (once)."""
+        slot (once), off the response path; done when that is written, which the response
+        awaits (`settled`) before its last bytes, so that a client that waits for a reply
+        before sending the next never meets its own slot still taken."""
         if self._settled or self._limits is None:
-            return
+            return done()
         self._settled = True
-        self._limits.release(self._holds, prompt_tokens + completion_tokens)
+        return self._limits.release(self._holds, prompt_tokens + completion_tokens)
+
+
+async def settled(written: asyncio.Future[None]) -> None:
+    """Wait until a settlement is written, at most SETTLE_WAIT_S (a storage that does not
+    answer delays no reply longer)."""
+    await asyncio.wait([written], timeout=SETTLE_WAIT_S)
+
+
+def done() -> asyncio.Future[None]:
+    """A write that has nothing to do."""
+    nothing = asyncio.get_running_loop().create_future()
+    nothing.set_result(None)
+    return nothing
 
 
 UNLIMITED = Admission(None, [], {})
@@ -204,33 +221,25 @@ class RateLimits:
         """Refuse a reply that can never fit the plan, before any counter is touched.
 
         `max_tokens` (the request's `param`, times its choices) above the plan's whole
-        per-minute or per-day token limit (or the key's, or a monthly budget) is a 429 that no
-        wait cures: `x-should-retry: false`, no Retry-After.
+        per-minute or per-day token limit (or the key's) is a 429 that no wait cures:
+        `x-should-retry: false`, no Retry-After. Above a whole monthly budget it is the 429 of
+        a spent budget (`insufficient_quota`), as on every API.
         """
         if max_tokens is None:
             return
         limits = self.plan_limits(caller.plan).on(model_type)
         key = caller.key_limits or KeyLimits()
         for label, whose, name, limit in (
+            ("key_", "this API key's", "monthly_tokens", caller.key_monthly_tokens),
+            ("", "your account's", "monthly_tokens", caller.user_monthly_tokens),
             ("", "your plan's", "tokens_per_minute", limits.tokens_per_minute),
             ("", "your plan's", "tokens_per_day", limits.tokens_per_day),
             ("key_", "this API key's", "tokens_per_minute", key.tokens_per_minute),
             ("key_", "this API key's", "tokens_per_day", key.tokens_per_day),
-            ("key_", "this API key's", "monthly_tokens", caller.key_monthly_tokens),
-            ("", "your account's", "monthly_tokens", caller.user_monthly_tokens),
         ):
             if limit is not None and max_tokens > limit:
                 rate_limited(label + name, caller.plan, model_type)
-                raise ApiError(
-                    429,
-                    f"Request too large for {model_type}: the reply may take {max_tokens} "
-                    f"tokens ({param}, all choices), more than {whose} whole "
-                    f"{name.replace('_', ' ')} ({limit}). Lower {param}.",
-                    type="tokens",
-                    param=param,
-                    code=RATE_LIMITED,
-                    headers={"x-should-retry": "false"},
-                )
+                raise _too_large(model_type, whose, name, limit, max_tokens, param)
 
     async def admit(
         self,
@@ -309,14 +318,17 @@ class RateLimits:
         hold = Hold(keys, lease, seen.reserved, seen.tokens_reset)
         return hold, rate_limit_headers(request_window, held, now)
 
-    def release(self, holds: list[Hold], tokens: int) -> None:
-        """Settle each hold with the tokens the reply used (off the response path)."""
+    def release(self, holds: list[Hold], tokens: int) -> asyncio.Future[None]:
+        """Settle each hold with the tokens the reply used (off the response path); done when
+        every hold is written (failures are logged, not raised)."""
         now = time.time()
+        writes = []
         for hold in holds:
             self.leases.drop(hold.lease)
-            self.in_background(self.counters.settle(
+            writes.append(self.in_background(self.counters.settle(
                 hold.keys, hold.lease, hold.reserved, tokens, now < hold.window_ends
-            ))
+            )))
+        return asyncio.gather(*writes) if writes else done()
 
     async def _seed(self, *keys: CounterKeys | None) -> None:
         """Start each budget's window, once per month and replica, from the key store's
@@ -408,11 +420,12 @@ class RateLimits:
             headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)},
         )
 
-    def in_background(self, work: Coroutine[Any, Any, None]) -> None:
+    def in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run storage writes off the response path; keep a reference until they finish."""
         task = asyncio.get_running_loop().create_task(self._logged(work))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _logged(self, work: Coroutine[Any, Any, None]) -> None:
         try:
@@ -458,6 +471,33 @@ def _too_many(kind: str, message: str, retry_in: float) -> ApiError:
         type=kind,
         code=RATE_LIMITED,
         headers={"Retry-After": _retry_after(retry_in)},
+    )
+
+
+def _too_large(
+    model_type: str, whose: str, name: str, limit: int, max_tokens: int, param: str
+) -> ApiError:
+    """The 429 of a reply larger than a whole limit: no wait cures it; a monthly budget's is
+    the 429 of a spent budget, as admission's."""
+    asked = f"the reply may take {max_tokens} tokens ({param}, all choices)"
+    if name == "monthly_tokens":
+        return ApiError(
+            429,
+            f"{whose[0].upper()}{whose[1:]} monthly token budget ({limit} tokens) is smaller "
+            f"than this request: {asked}. Lower {param}; an operator can raise the budget.",
+            type="insufficient_quota",
+            param=param,
+            code=QUOTA_SPENT,
+            headers={"x-should-retry": "false"},
+        )
+    return ApiError(
+        429,
+        f"Request too large for {model_type}: {asked}, more than {whose} whole "
+        f"{name.replace('_', ' ')} ({limit}). Lower {param}.",
+        type="tokens",
+        param=param,
+        code=RATE_LIMITED,
+        headers={"x-should-retry": "false"},
     )
 
 

@@ -10,14 +10,15 @@ plan's counters and meter the usage with the engine's token counts. An `ApiCall`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Protocol
 
 from fastapi import Request, Response
 
 from app.accounts.auth import Caller
-from app.limits.admission import Admission, RateLimits
+from app.limits.admission import Admission, RateLimits, settled
 from app.observability.request_record import RequestRecord, record_of
 from app.openai.errors import ApiError
 from app.openai.sse import EventStream
@@ -27,8 +28,9 @@ from deployments.wire import ModelInfo, ReplyPart
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 PROMPT_BYTES_BOUND = 2
 """Most tokens a rendered prompt may have per byte of its request body (check_prompt_length)."""
-Settle = Callable[[int, int], None]
-"""Charges the engine's usage (prompt, completion tokens) to the caller's limits and meter."""
+Settle = Callable[[int, int], asyncio.Future[None]]
+"""Charges the engine's usage (prompt, completion tokens) to the caller's limits and meter;
+done when the caller's concurrency slot is free."""
 
 
 class ApiCall(Protocol):
@@ -93,53 +95,52 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
                                    longest=model.max_model_len)
     record.sent_to(endpoint.name, call.stream)
 
-    def settle(prompt_tokens: int, completion_tokens: int) -> None:
+    def settle(prompt_tokens: int, completion_tokens: int) -> asyncio.Future[None]:
         """The engine's real usage, charged to the rate limits and metered for the key."""
-        admission.settle(prompt_tokens, completion_tokens)
         request.app.state.usage.record(
             caller.key_id, endpoint.name, prompt_tokens, completion_tokens
         )
+        return admission.settle(prompt_tokens, completion_tokens)
 
     longest = admission.reply_length(model.max_model_len)
     if call.reply_limit is None and longest is not None:
         payload[call.cap_field] = longest  # no reply runs past what the plan has left
     if model.priority_scheduling:
         payload["priority"] = limits.plan_limits(caller.plan).priority  # the engine's order
-    with charged_on_failure(admission, settle):
+    async with charged_on_failure(admission, settle):
         if call.stream:
             first, parts = await endpoint.open_stream(call.api, payload)
         else:
             whole = await endpoint.reply(call.api, payload)
     if not call.stream:
-        settle(whole.prompt_tokens, whole.completion_tokens)
+        written = settle(whole.prompt_tokens, whole.completion_tokens)
         record.completed(whole.prompt_tokens, whole.completion_tokens)
         body = await call.whole(whole.data)
+        await settled(written)  # the slot is free before the client has the reply
         return Response(body, media_type="application/json", headers=admission.headers)
     record.first_token(first.prompt_tokens)
-    tally = Tally(first)
+    tally = Tally(first, settle)
     return EventStream(
         _relay(call, endpoint, parts, tally, record),
         media_type="text/event-stream",
         headers={**SSE_HEADERS, **admission.headers},
-        on_close=tally.on_close(parts, settle),
+        on_close=tally.on_close(parts),
     )
 
 
-@contextmanager
-def charged_on_failure(admission: Admission, settle: Settle) -> Iterator[None]:
+@asynccontextmanager
+async def charged_on_failure(admission: Admission, settle: Settle) -> AsyncIterator[None]:
     """A dispatch that fails, or whose client leaves, is charged what the engine processed
     before (the error's `engine_usage`), to the limits and the key's usage, if anything; its
-    error carries the plan's rate-limit headers."""
+    error carries the plan's rate-limit headers and goes out once the slot is free."""
     try:
         yield
     except BaseException as error:
         usage = getattr(error, "engine_usage", (0, 0))
-        if any(usage):
-            settle(*usage)
-        else:
-            admission.settle(0, 0)
+        written = settle(*usage) if any(usage) else admission.settle(0, 0)
         if isinstance(error, ApiError):
             error.headers.update(admission.headers)
+            await settled(written)
         raise
 
 
@@ -219,21 +220,31 @@ async def check_prompt_length(
 
 
 class Tally:
-    """What a stream has passed on so far (its last part carries the engine's counts so far);
-    read when the response closes."""
+    """What a stream has passed on so far (its last part carries the engine's counts so far),
+    charged once: before the stream's last bytes, or when the response closes."""
 
-    __slots__ = ("last", "finished")
+    __slots__ = ("last", "finished", "_settle", "_charged")
 
-    def __init__(self, first: ReplyPart) -> None:
+    def __init__(self, first: ReplyPart, settle: Settle) -> None:
         self.last = first
         self.finished = False
+        self._settle = settle
+        self._charged: asyncio.Future[None] | None = None
 
-    def finish(self, record: RequestRecord, status: int) -> None:
-        """The stream is complete (200) or ended with an error event of `status`."""
+    def charge(self) -> asyncio.Future[None]:
+        """Charge what the engine produced so far (once); done when the slot is free."""
+        if self._charged is None:
+            self._charged = self._settle(self.last.prompt_tokens, self.last.completion_tokens)
+        return self._charged
+
+    async def finish(self, record: RequestRecord, status: int) -> None:
+        """The stream is complete (200) or ends with an error event of `status`: charged,
+        and its slot free before the client can read its end and send again."""
         self.finished = True
         record.stream_ended(self.last.completion_tokens, None if status == 200 else status)
+        await settled(self.charge())
 
-    def on_close(self, parts: PartStream, settle: Settle) -> Callable[[], None]:
+    def on_close(self, parts: PartStream) -> Callable[[], None]:
         """What runs when the response ends, however it ends (before its first event too)."""
 
         def closed() -> None:
@@ -241,7 +252,7 @@ class Tally:
                 # The client went away: free the engine at once rather than generate for nobody.
                 parts.cancel()
             # Whatever the engine produced counts, a stream the client cut off included.
-            settle(self.last.prompt_tokens, self.last.completion_tokens)
+            self.charge()
 
         return closed
 
@@ -258,7 +269,7 @@ async def _relay(
         while True:
             data = await call.events(part)
             if part.last:
-                tally.finish(record, 200)
+                await tally.finish(record, 200)
             yield data
             if tally.finished:
                 return
@@ -267,5 +278,5 @@ async def _relay(
         error = endpoint.error(EOFError("the stream ended without its last part"))
     except Exception as exc:
         error = endpoint.error(exc)
-    tally.finish(record, error.status)
+    await tally.finish(record, error.status)
     yield call.error_event(error)

@@ -8,6 +8,7 @@ sends each fault to each API that can express it and compares what comes back.
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -117,3 +118,31 @@ def test_a_spent_request_rate_gets_the_same_429_on_every_api(stack: Stack):
                            response.headers.get("x-should-retry"),
                            int(response.headers["retry-after"]) > 0)
     assert set(found.values()) == {("rate_limit_exceeded", "requests", None, None, True)}, found
+
+
+def test_a_budget_smaller_than_the_request_answers_as_a_spent_one_on_every_api(stack: Stack):
+    """An operator set the user's monthly budget below what a request may take: 429
+    `insufficient_quota`, `x-should-retry: false`, the message naming the budget, the same on
+    every API (it was a retryable-looking `tokens` 429, which the openai client retried)."""
+    email = f"{secrets.token_hex(5)}@parity.test"
+    created = serviceai_cli(stack.database_url, "users", "create", "--email", email,
+                            "--with-key", "--json")
+    stack.secrets.append(created["key"]["key"])
+    serviceai_cli(stack.database_url, "users", "set-budget", email, "--monthly-tokens", "1",
+                  "--json")
+    found = {}
+    with httpx.Client(base_url=stack.origin, timeout=60,
+                      headers={"Authorization": f"Bearer {created['key']['key']}"}) as http:
+        for path, body in bodies("ServiceAi-Fast", **{CHAT: {}, COMPLETION: {},
+                                                       RESPONSES: {}}).items():
+            # The key cache holds the user as it was made: wait until it sees the budget.
+            deadline = time.monotonic() + 10 * stack.key_cache_ttl_s
+            while (response := http.post(path, json=body)).status_code == 200:
+                assert time.monotonic() < deadline, response.text
+                time.sleep(0.2)
+            error = error_of(response, 429)
+            assert "monthly token budget (1 tokens)" in error["message"], error["message"]
+            found[path] = (error["type"], error["code"], response.headers.get("x-should-retry"),
+                           "retry-after" in response.headers)
+    assert set(found.values()) == {("insufficient_quota", "insufficient_quota", "false",
+                                    False)}, found

@@ -253,6 +253,21 @@ def redis_prefix() -> Iterator[str]:
     client.close()
 
 
+@contextmanager
+def plan_app(stack: Stack, name: str, plan_name: str, limits: dict[str, int], store: str,
+             redis_prefix: str) -> Iterator[str]:
+    """An ingress app with one more plan (`limits` on every type): its counters in memory on
+    one replica, or in Redis shared by two."""
+    plans = dict(app_args()["plans"],
+                 **{plan_name: {t: limits for t in type_limits(app_args()["plans"]["free"])}})
+    env, replicas = {}, 1
+    if store == "redis":
+        env = {"SERVICEAI_REDIS_URL": REDIS_URL, "SERVICEAI_REDIS_KEY_PREFIX": redis_prefix}
+        replicas = 2
+    with ingress_app(stack, name, replicas=replicas, env=env, plans=plans) as base_url:
+        yield base_url
+
+
 def test_two_replicas_share_a_10_a_minute_limit_through_redis(stack, redis_prefix):
     ten = {"requests_per_minute": 10, "tokens_per_minute": 1000000,
            "concurrent_requests": 100, "tokens_per_day": 10000000}
@@ -294,14 +309,8 @@ def test_requests_sent_at_once_never_generate_more_than_the_plan(stack, redis_pr
     with one ingress replica, and in Redis with two."""
     plan = {"requests_per_minute": 100, "tokens_per_minute": 20000, "concurrent_requests": 16,
             "tokens_per_day": 1000000}
-    plans = dict(app_args()["plans"], twenty={t: plan for t in type_limits(app_args()["plans"]["free"])})
     _, key = new_user(stack, plan="twenty")
-    env, replicas = {}, 1
-    if store == "redis":
-        env = {"SERVICEAI_REDIS_URL": REDIS_URL, "SERVICEAI_REDIS_KEY_PREFIX": redis_prefix}
-        replicas = 2
-    with ingress_app(stack, f"reserve-{store}", replicas=replicas, env=env,
-                     plans=plans) as base_url:
+    with plan_app(stack, f"reserve-{store}", "twenty", plan, store, redis_prefix) as base_url:
         client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300)
 
         async def one(i: int, n: int, max_tokens: int | None) -> tuple[int, int]:
@@ -392,3 +401,60 @@ def test_a_full_queue_answers_503_at_once(stack):
     assert (error["type"], error["code"]) == ("server_error", "model_overloaded")
     assert refused.headers["retry-after"] == "1"
     assert "ServiceAi-Fast" in error["message"]
+
+
+CONCURRENT = 32
+"""The plan's concurrent requests in the test below (the free plan's on Fast)."""
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_clients_that_keep_the_plans_concurrency_are_never_refused(stack, redis_prefix, store):
+    """N clients, each sending its next request the moment its last reply ended (streamed
+    and whole, alternately), on a plan of N at once: none refused, as the slot is free before
+    the reply's last bytes leave (it was freed after, and 1-2 of 192 were refused). N + 1 at
+    once: exactly one 429. In memory with one ingress replica, in Redis with two."""
+    plan = {"requests_per_minute": 10000, "tokens_per_minute": 10**7,
+            "concurrent_requests": CONCURRENT, "tokens_per_day": 10**9}
+    _, key = new_user(stack, plan="at_once")
+    with plan_app(stack, f"at-once-{store}", "at_once", plan, store, redis_prefix) as base_url:
+
+        async def back_to_back(client: openai.AsyncOpenAI, i: int) -> int:
+            """Requests refused of the 6 one client sends one after another."""
+            refused = 0
+            for j in range(6):
+                body = dict(model="ServiceAi-Fast", messages=HI, max_tokens=8)
+                try:
+                    if (i + j) % 2:
+                        async for _ in await client.chat.completions.create(**body, stream=True):
+                            pass
+                    else:
+                        await client.chat.completions.create(**body)
+                except openai.RateLimitError:
+                    refused += 1
+            return refused
+
+        async def at_once(client: openai.AsyncOpenAI, clients: int) -> list[int]:
+            async def one() -> int:
+                try:
+                    stream = await client.chat.completions.create(
+                        model="ServiceAi-Fast", messages=HI, max_tokens=200, stream=True,
+                        extra_body={"ignore_eos": True})
+                except openai.RateLimitError as error:
+                    assert "concurrent requests" in error.message
+                    return 429
+                async for _ in stream:
+                    pass
+                return 200
+
+            return await asyncio.gather(*(one() for _ in range(clients)))
+
+        async def run() -> tuple[list[int], list[int]]:
+            async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0,
+                                          timeout=300) as client:
+                honest = await asyncio.gather(*(back_to_back(client, i)
+                                                for i in range(CONCURRENT)))
+                return honest, await at_once(client, CONCURRENT + 1)
+
+        honest, statuses = asyncio.run(run())
+    assert honest == [0] * CONCURRENT
+    assert sorted(statuses) == [200] * CONCURRENT + [429]

@@ -315,9 +315,11 @@ async def test_a_spent_monthly_budget_says_do_not_retry(limits, whose):
     assert "350 of 1000 tokens left this month" in error.message
     # Without max_tokens the reply is capped at what the budget has left.
     assert (await limits.admit(who, PRO, None)).reply_cap == 350
-    with pytest.raises(ApiError) as exc:  # a reply that can never fit is refused before
+    with pytest.raises(ApiError) as exc:  # a reply that can never fit: as a spent budget
         limits.check_fits(who, FAST, 1001)
-    assert "monthly tokens (1000)" in exc.value.message
+    error = refused(exc, "insufficient_quota", "insufficient_quota")
+    assert error.headers == {"x-should-retry": "false"}
+    assert f"{owner[0].upper()}{owner[1:]} monthly token budget (1000 tokens)" in error.message
 
 
 async def test_a_budget_starts_from_what_the_key_store_says_was_used(limits):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 
 import pytest
 
@@ -188,6 +190,19 @@ class _Parts:
         self.cancelled = True
 
 
+def _charged(charges: list[tuple[int, int]] | None = None):
+    """A Settle that records its charges; its write is done at once."""
+
+    def settle(prompt_tokens: int, completion_tokens: int) -> asyncio.Future[None]:
+        if charges is not None:
+            charges.append((prompt_tokens, completion_tokens))
+        written = asyncio.get_running_loop().create_future()
+        written.set_result(None)
+        return written
+
+    return settle
+
+
 class _Endpoint:
     """What the relay asks of an endpoint: the API error for a failure."""
 
@@ -202,10 +217,17 @@ async def test_a_stream_is_complete_once_its_last_part_is_written():
     last = ReplyPart(b"data: {}\n\ndata: [DONE]\n\n", 7, 3, True)
     stream, record = _Parts(last), RequestRecord("r", 0.0, InFlight())
     record.sent_to(FAST, stream=True)
-    tally = Tally(first)
+    charges: list[tuple[int, int]] = []
+    tally = Tally(first, _charged(charges))
     events = _relay(ChatCall(chat(stream=True)), _Endpoint(), stream, tally, record)
-    assert [await anext(events), await anext(events)] == [first.data, last.data]
+    assert await anext(events) == first.data
+    assert charges == []
+    # Charged, and the slot free, before the client can read the end and send again.
+    assert await anext(events) == last.data
+    assert charges == [(7, 3)]
     await events.aclose()  # the client left: the generator is never resumed
+    tally.on_close(stream)()
+    assert charges == [(7, 3)]  # once
     assert tally.finished and (record.status(200), record.completion_tokens) == (200, 3)
 
 
@@ -222,7 +244,7 @@ async def test_a_stream_that_fails_or_ends_early_ends_with_its_apis_error_event(
     for rest in (_Parts(then=RuntimeError("replica died")), _Parts()):
         record = RequestRecord("r", 0.0, InFlight())
         record.sent_to(FAST, stream=True)
-        tally = Tally(ReplyPart(b"data: {}\n\n", 7, 1))
+        tally = Tally(ReplyPart(b"data: {}\n\n", 7, 1), _charged())
         events = [e async for e in _relay(call, _Endpoint(), rest, tally, record)]
         assert events == [b"data: {}\n\n", framed]
         assert tally.finished and record.status(200) == 503
@@ -232,7 +254,7 @@ async def test_a_stream_cut_before_its_end_is_a_client_closed_request():
     first = ReplyPart(b"data: {}\n\n", 7, 1)
     stream, record = _Parts(ReplyPart(b"data: {}\n\n", 7, 2)), RequestRecord("r", 0.0, InFlight())
     record.sent_to(FAST, stream=True)
-    tally = Tally(first)
+    tally = Tally(first, _charged())
     events = _relay(ChatCall(chat(stream=True)), _Endpoint(), stream, tally, record)
     await anext(events)
     await anext(events)
