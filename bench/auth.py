@@ -52,8 +52,10 @@ async def main(database_url: str, keys: int, rounds: int) -> None:
     user = await store.create_user(f"bench-{os.getpid()}-{time.time_ns()}@example.com")
     secrets = [(await store.create_key(user.id)).key for _ in range(keys)]
 
-    print(f"backend: {database.dialect}; keys: {keys}; python {platform.python_version()}; "
-          f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"backend: {database.dialect}; keys: {keys}; python {platform.python_version()}; "
+        f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}"
+    )
     cached = KeyVerifier(store, ttl_s=3600)
     await timed(cached, secrets, keys)  # fill the cache
     report("hit (cached verdict)", await timed(cached, secrets, rounds))

@@ -34,8 +34,14 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("asyncio event loop", ("asyncio/", "uvloop")),
 )
 # Frames that mean the thread is waiting, not working: such samples are left out.
-IDLE_LEAVES = ("main_loop (ray/_private/worker.py", "run (threading.py", "_run_router_event_loop",
-               "_run_user_code_event_loop", "select (selectors.py", "wait (threading.py")
+IDLE_LEAVES = (
+    "main_loop (ray/_private/worker.py",
+    "run (threading.py",
+    "_run_router_event_loop",
+    "_run_user_code_event_loop",
+    "select (selectors.py",
+    "wait (threading.py",
+)
 
 
 @dataclass
@@ -50,7 +56,9 @@ class CpuProfile:
             "wall_seconds": round(self.wall_seconds, 1),
             "cpu_seconds": {k: round(v, 2) for k, v in self.cpu_seconds.items()},
             "stages": {role: stage_shares(self.out_dir / f"{role}.raw") for role in self.pids},
-            "top_functions": {role: top_functions(self.out_dir / f"{role}.raw") for role in self.pids},
+            "top_functions": {
+                role: top_functions(self.out_dir / f"{role}.raw") for role in self.pids
+            },
         }
 
 
@@ -74,9 +82,21 @@ def cpu_profile(pids: dict[str, int], out_dir: Path, sample: bool = True) -> Ite
     result = CpuProfile(pids, out_dir)
     samplers = [
         subprocess.Popen(
-            [str(PY_SPY), "record", "--pid", str(pid), "--format", "raw", "--rate", "200",
-             "--nonblocking", "--output", str(out_dir / f"{role}.raw")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                str(PY_SPY),
+                "record",
+                "--pid",
+                str(pid),
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--nonblocking",
+                "--output",
+                str(out_dir / f"{role}.raw"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         for role, pid in (pids.items() if sample else ())
     ]
@@ -86,7 +106,9 @@ def cpu_profile(pids: dict[str, int], out_dir: Path, sample: bool = True) -> Ite
         yield result
     finally:
         result.wall_seconds = time.monotonic() - started
-        result.cpu_seconds = {role: _cpu_times(role, pid) - before[role] for role, pid in pids.items()}
+        result.cpu_seconds = {
+            role: _cpu_times(role, pid) - before[role] for role, pid in pids.items()
+        }
         for sampler in samplers:
             sampler.send_signal(signal.SIGINT)
         for sampler in samplers:
@@ -99,7 +121,9 @@ def _samples(raw: Path) -> Iterator[tuple[list[str], int]]:
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
-        if frames and not any(frames[-1].startswith(idle) or idle in frames[-1] for idle in IDLE_LEAVES):
+        if frames and not any(
+            frames[-1].startswith(idle) or idle in frames[-1] for idle in IDLE_LEAVES
+        ):
             yield frames, int(count)
 
 

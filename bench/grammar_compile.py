@@ -22,17 +22,36 @@ from deployments.vllm_engine.strict_json import StrictStringCompiler
 
 COMPACT = {"any_whitespace": False, "separators": (",", ":")}
 SCHEMAS = {
-    "plain strings": {"type": "object", "properties": {
-        "city": {"type": "string"}, "n": {"type": "integer"}}, "required": ["city", "n"]},
-    "bounded strings": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 40}, "code": {"type": "string", "minLength": 2,
-                                                              "maxLength": 8}},
-        "required": ["city", "code"]},
-    "nested, bounded": {"type": "object", "properties": {"items": {"type": "array", "items": {
-        "type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
-                                         "tags": {"type": "array", "items": {
-                                             "type": "string", "minLength": 1}}},
-        "required": ["name"]}}}, "required": ["items"]},
+    "plain strings": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["city", "n"],
+    },
+    "bounded strings": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 40},
+            "code": {"type": "string", "minLength": 2, "maxLength": 8},
+        },
+        "required": ["city", "code"],
+    },
+    "nested, bounded": {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "maxLength": 20},
+                        "tags": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                    },
+                    "required": ["name"],
+                },
+            }
+        },
+        "required": ["items"],
+    },
 }
 
 

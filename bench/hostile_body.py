@@ -43,8 +43,12 @@ async def main(trace: bool) -> None:
     store = KeyStore(database)
     user = await store.create_user("bench@hostile.test", plan="pro")
     key = (await store.create_key(user.id)).key
-    api = create_api(ModelRouter({}, created=0), KeyVerifier(store),
-                     RateLimits(plans(), MemoryCounters()), UsageMeter(store))
+    api = create_api(
+        ModelRouter({}, created=0),
+        KeyVerifier(store),
+        RateLimits(plans(), MemoryCounters()),
+        UsageMeter(store),
+    )
     count = (2 * 1024 * 1024 - 60) // 3
     body = b'{"model": "ServiceAi-Fast", "messages": [' + b",".join([b"{}"] * count) + b"]}"
     transport = httpx.ASGITransport(app=api)
@@ -54,15 +58,18 @@ async def main(trace: bool) -> None:
                 tracemalloc.start()
             started = time.process_time()
             response = await client.post(
-                "/v1/chat/completions", content=body,
+                "/v1/chat/completions",
+                content=body,
                 headers={"Authorization": f"Bearer {token}", "content-type": "application/json"},
             )
             cpu = time.process_time() - started
             peak = tracemalloc.get_traced_memory()[1] if trace else 0
             tracemalloc.stop()
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            print(f"{len(body)} bytes, {count} messages, {name}: {response.status_code}, "
-                  f"CPU {cpu:.2f} s, peak allocated {peak / 2**20:.0f} MiB, max RSS {rss:.0f} MiB")
+            print(
+                f"{len(body)} bytes, {count} messages, {name}: {response.status_code}, "
+                f"CPU {cpu:.2f} s, peak allocated {peak / 2**20:.0f} MiB, max RSS {rss:.0f} MiB"
+            )
     await database.close()
 
 

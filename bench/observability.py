@@ -26,7 +26,11 @@ from app.observability import access_log
 from app.observability.metrics import InFlight
 from app.observability.request_record import ObservedRequests, record_of
 
-START = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+START = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/plain")],
+}
 BODY = {"type": "http.response.body", "body": b"data: [DONE]\n\n"}
 
 
@@ -57,7 +61,9 @@ async def per_request_us(app, rounds: int) -> list[float]:
     samples = []
     for _ in range(rounds):
         scope = {
-            "type": "http", "method": "POST", "path": "/v1/chat/completions",
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
             "headers": [(b"x-request-id", b"4f1c2d3e-aaaa-4bbb-8ccc-0123456789ab")],
         }
         started = time.perf_counter_ns()

@@ -43,8 +43,16 @@ import httpx
 from bench.report import gpu_names
 from bench.run import RESULTS, engine_args_arg
 from bench.servers import (
-    BENCH_TYPE, PROJECT_ROOT, BenchTarget, Server, bench_model_type, bench_target, free_port,
-    ray_serve_llm, serviceai, stop_servers_on_sigterm,
+    BENCH_TYPE,
+    PROJECT_ROOT,
+    BenchTarget,
+    Server,
+    bench_model_type,
+    bench_target,
+    free_port,
+    ray_serve_llm,
+    serviceai,
+    stop_servers_on_sigterm,
 )
 from deployments import tiny_model
 from deployments.request_router import MAX_IMBALANCE
@@ -70,20 +78,31 @@ class Turn:
 
 
 def words(rng: random.Random, count: int) -> str:
-    return " ".join(f"{rng.choice('bcdfghjklmnpqrstvwxz')}{rng.randrange(10_000)}" for _ in range(count))
+    return " ".join(
+        f"{rng.choice('bcdfghjklmnpqrstvwxz')}{rng.randrange(10_000)}" for _ in range(count)
+    )
 
 
-async def one_turn(client: httpx.AsyncClient, server: Server, messages: list[dict]) -> tuple[Turn, str]:
+async def one_turn(
+    client: httpx.AsyncClient, server: Server, messages: list[dict]
+) -> tuple[Turn, str]:
     body = {
-        "model": server.model, "messages": messages, "max_tokens": MAX_TOKENS,
-        "stream": True, "stream_options": {"include_usage": True},
+        "model": server.model,
+        "messages": messages,
+        "max_tokens": MAX_TOKENS,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
     started = time.perf_counter()
     first = None
     text: list[str] = []
     usage = None
-    async with client.stream("POST", f"{server.base_url}/v1/chat/completions", json=body,
-                             headers={"Authorization": f"Bearer {server.api_key}"}) as response:
+    async with client.stream(
+        "POST",
+        f"{server.base_url}/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {server.api_key}"},
+    ) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{response.status_code}: {(await response.aread())[:500]!r}")
         async for line in response.aiter_lines():
@@ -98,13 +117,20 @@ async def one_turn(client: httpx.AsyncClient, server: Server, messages: list[dic
                 usage = chunk["usage"]
     done = time.perf_counter()
     details = usage.get("prompt_tokens_details") or {}
-    turn = Turn(0, (first or done) - started, done - started, usage["prompt_tokens"],
-                details.get("cached_tokens") or 0, usage["completion_tokens"])
+    turn = Turn(
+        0,
+        (first or done) - started,
+        done - started,
+        usage["prompt_tokens"],
+        details.get("cached_tokens") or 0,
+        usage["completion_tokens"],
+    )
     return turn, "".join(text)
 
 
-async def conversation(client: httpx.AsyncClient, server: Server, seed: int,
-                       shared_system: bool, think_s: float = 0) -> list[Turn]:
+async def conversation(
+    client: httpx.AsyncClient, server: Server, seed: int, shared_system: bool, think_s: float = 0
+) -> list[Turn]:
     rng = random.Random(seed)
     pause = random.Random(f"think {seed}")  # its own stream: the texts stay those of think_s 0
     system = words(random.Random(-2) if shared_system else rng, SYSTEM_WORDS)
@@ -121,8 +147,9 @@ async def conversation(client: httpx.AsyncClient, server: Server, seed: int,
     return turns
 
 
-async def workload(server: Server, shared_system: bool, think_s: float = 0,
-                   open_conversations: int = IN_FLIGHT) -> dict[str, float]:
+async def workload(
+    server: Server, shared_system: bool, think_s: float = 0, open_conversations: int = IN_FLIGHT
+) -> dict[str, float]:
     gate = asyncio.Semaphore(open_conversations)
     async with httpx.AsyncClient(timeout=600) as client:
         # One conversation first, to warm what every server compiles on its first request.
@@ -149,33 +176,52 @@ async def workload(server: Server, shared_system: bool, think_s: float = 0,
     }
 
 
-def setups(target: BenchTarget, log_dir: Path, replicas: list[int], bounds: list[int],
-           with_ray: bool, ingress_replicas: int = 1
-           ) -> list[tuple[str, Callable[[], AbstractContextManager[Server]]]]:
-    def ours(count: int, affinity: bool, bound: int = bounds[0]
-             ) -> Callable[[], AbstractContextManager[Server]]:
-        settings = {"num_replicas": count, "num_cpus": 0.25, "prefix_affinity": affinity,
-                    "max_imbalance": bound}
+def setups(
+    target: BenchTarget,
+    log_dir: Path,
+    replicas: list[int],
+    bounds: list[int],
+    with_ray: bool,
+    ingress_replicas: int = 1,
+) -> list[tuple[str, Callable[[], AbstractContextManager[Server]]]]:
+    def ours(
+        count: int, affinity: bool, bound: int = bounds[0]
+    ) -> Callable[[], AbstractContextManager[Server]]:
+        settings = {
+            "num_replicas": count,
+            "num_cpus": 0.25,
+            "prefix_affinity": affinity,
+            "max_imbalance": bound,
+        }
         if target.gpu:  # the replicas share the node's one GPU, each with its engine_args' memory
             settings["num_gpus_per_shard"] = 1 / count
         name = f"serviceai-{count}-{f'affinity-{bound}' if affinity else 'pow2'}.log"
-        return lambda: serviceai(target, free_port(), log_dir, {}, settings, name,
-                                 ingress_replicas=ingress_replicas)
+        return lambda: serviceai(
+            target, free_port(), log_dir, {}, settings, name, ingress_replicas=ingress_replicas
+        )
 
     def rays(count: int) -> Callable[[], AbstractContextManager[Server]]:
-        return lambda: ray_serve_llm(target, free_port(), log_dir, direct=False,
-                                     replicas=count, request_router=RAY_ROUTER)
+        return lambda: ray_serve_llm(
+            target, free_port(), log_dir, direct=False, replicas=count, request_router=RAY_ROUTER
+        )
 
     # The one-replica reference runs last: a run cut short (a device call's budget) keeps the
     # comparison the TTFT goal is judged on; the table shows the reference first all the same.
     plan = []
     for count in replicas:
         plan.append((f"ServiceAi, {count} replicas, power of two", ours(count, False)))
-        plan += [(f"ServiceAi, {count} replicas, prefix affinity"
-                  + (f", max_imbalance {bound}" if len(bounds) > 1 else ""), ours(count, True, bound))
-                 for bound in bounds]
+        plan += [
+            (
+                f"ServiceAi, {count} replicas, prefix affinity"
+                + (f", max_imbalance {bound}" if len(bounds) > 1 else ""),
+                ours(count, True, bound),
+            )
+            for bound in bounds
+        ]
         if with_ray:
-            plan.append((f"Ray Serve LLM, {count} replicas, PrefixCacheAffinityRouter", rays(count)))
+            plan.append(
+                (f"Ray Serve LLM, {count} replicas, PrefixCacheAffinityRouter", rays(count))
+            )
     return plan + [(SINGLE, ours(1, True))]
 
 
@@ -197,25 +243,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", default="2,4", help="replica counts, comma-separated")
     parser.add_argument(
-        "--model", default="tiny", metavar="tiny|prefill-heavy|PATH",
+        "--model",
+        default="tiny",
+        metavar="tiny|prefill-heavy|PATH",
         help="prefill-heavy: a generated 3M-parameter model whose prefill is a good part of a "
         "TTFT on two cores, as a real model's is on a GPU (the tiny model's costs nothing); "
         "a path: that model with vLLM's defaults and --engine-args (on a GPU node, the "
         "replicas share its one GPU: give each its memory, bench/gpu/README.md)",
     )
-    parser.add_argument("--engine-args", type=engine_args_arg, default={}, metavar="JSON",
-                        help="engine args on top, identical for every server")
-    parser.add_argument("--shared-system", action="store_true",
-                        help="one system prompt for every conversation (a hot prefix)")
-    parser.add_argument("--max-imbalance", default=str(MAX_IMBALANCE),
-                        help="the router's load bounds to measure, comma-separated")
+    parser.add_argument(
+        "--engine-args",
+        type=engine_args_arg,
+        default={},
+        metavar="JSON",
+        help="engine args on top, identical for every server",
+    )
+    parser.add_argument(
+        "--shared-system",
+        action="store_true",
+        help="one system prompt for every conversation (a hot prefix)",
+    )
+    parser.add_argument(
+        "--max-imbalance",
+        default=str(MAX_IMBALANCE),
+        help="the router's load bounds to measure, comma-separated",
+    )
     parser.add_argument("--without-ray-llm", action="store_true", help="leave Ray Serve LLM out")
-    parser.add_argument("--ingress-replicas", type=int, default=1,
-                        help="this service's ingress replicas (production runs at least 2)")
-    parser.add_argument("--think-s", type=float, default=0,
-                        help="each user's mean pause between turns (0: the next turn at once)")
-    parser.add_argument("--open", type=int, default=IN_FLIGHT,
-                        help="conversations open at once")
+    parser.add_argument(
+        "--ingress-replicas",
+        type=int,
+        default=1,
+        help="this service's ingress replicas (production runs at least 2)",
+    )
+    parser.add_argument(
+        "--think-s",
+        type=float,
+        default=0,
+        help="each user's mean pause between turns (0: the next turn at once)",
+    )
+    parser.add_argument("--open", type=int, default=IN_FLIGHT, help="conversations open at once")
     args = parser.parse_args()
     gpu = bool(gpu_names())
     if args.model == "tiny":
@@ -224,33 +290,51 @@ def main() -> None:
         path = PROJECT_ROOT / "models" / "prefill-heavy"
         if not (path / tiny_model.MARKER).exists():
             tiny_model.generate(path, dims=tiny_model.PREFILL_HEAVY)
-        target = bench_target(str(path), {**bench_model_type()["engine_args"], **args.engine_args},
-                              [args.open], gpu)
+        target = bench_target(
+            str(path), {**bench_model_type()["engine_args"], **args.engine_args}, [args.open], gpu
+        )
     else:
         target = bench_target(args.model, args.engine_args, [args.open], gpu)
     log_dir = Path(tempfile.mkdtemp(prefix="sai-affinity-"))
     results: dict[str, dict[str, float]] = {}
-    plan = setups(target, log_dir, [int(n) for n in args.replicas.split(",")],
-                  [int(n) for n in args.max_imbalance.split(",")], not args.without_ray_llm,
-                  args.ingress_replicas)
+    plan = setups(
+        target,
+        log_dir,
+        [int(n) for n in args.replicas.split(",")],
+        [int(n) for n in args.max_imbalance.split(",")],
+        not args.without_ray_llm,
+        args.ingress_replicas,
+    )
     for name, start in plan:
         print(f"{name} ...", flush=True)
         with start() as server:
             results[name] = asyncio.run(
-                workload(server, args.shared_system, args.think_s, args.open))
+                workload(server, args.shared_system, args.think_s, args.open)
+            )
         print(f"  {results[name]}", flush=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = {
-        "workload": {"conversations": CONVERSATIONS, "turns": TURNS, "in_flight": args.open,
-                     "think_s": args.think_s,
-                     "system_words": SYSTEM_WORDS, "max_tokens": MAX_TOKENS, "model_type": BENCH_TYPE,
-                     "model": args.model, "engine_args": target.engine_args,
-                     "gpu": gpu_names(), "shared_system": args.shared_system,
-                     "ingress_replicas": args.ingress_replicas},
-        "results": results, "logs": str(log_dir),
+        "workload": {
+            "conversations": CONVERSATIONS,
+            "turns": TURNS,
+            "in_flight": args.open,
+            "think_s": args.think_s,
+            "system_words": SYSTEM_WORDS,
+            "max_tokens": MAX_TOKENS,
+            "model_type": BENCH_TYPE,
+            "model": args.model,
+            "engine_args": target.engine_args,
+            "gpu": gpu_names(),
+            "shared_system": args.shared_system,
+            "ingress_replicas": args.ingress_replicas,
+        },
+        "results": results,
+        "logs": str(log_dir),
     }
-    (RESULTS / f"{stamp}-affinity-{Path(args.model).name}.json").write_text(json.dumps(summary, indent=2))
+    (RESULTS / f"{stamp}-affinity-{Path(args.model).name}.json").write_text(
+        json.dumps(summary, indent=2)
+    )
     print(table(results))
 
 

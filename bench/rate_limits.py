@@ -26,8 +26,12 @@ from app.limits.admission import RateLimits
 from app.limits.counters import open_counters
 
 MODEL_TYPE = "ServiceAi-Fast"
-HIGH = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12,
-        "concurrent_requests": 10**6, "tokens_per_day": 10**15}
+HIGH = {
+    "requests_per_minute": 10**9,
+    "tokens_per_minute": 10**12,
+    "concurrent_requests": 10**6,
+    "tokens_per_day": 10**15,
+}
 
 
 def report(name: str, samples: list[float]) -> None:
@@ -48,6 +52,7 @@ async def sequential(limits: RateLimits, callers: list[Caller], rounds: int) -> 
 
 async def concurrent(limits: RateLimits, callers: list[Caller], total: int, at_once: int) -> float:
     """Admissions (and their charges) per second with `at_once` in flight."""
+
     async def one(i: int) -> None:
         (await limits.admit(callers[i % len(callers)], MODEL_TYPE, 16)).settle(20, 16)
 
@@ -63,8 +68,10 @@ async def main(
 ) -> None:
     plans = Plans.model_validate({"free": {MODEL_TYPE: HIGH}})
     callers = [Caller(f"key_{i}", f"user_{i}", "free") for i in range(users)]
-    print(f"python {platform.python_version()}; {os.cpu_count()} CPUs; "
-          f"load average {os.getloadavg()[0]:.2f}; users {users}")
+    print(
+        f"python {platform.python_version()}; {os.cpu_count()} CPUs; "
+        f"load average {os.getloadavg()[0]:.2f}; users {users}"
+    )
     stores = [("redis", redis_url)] if only_redis else [("memory", None), ("redis", redis_url)]
     for name, url in stores:
         storage = open_counters(url, key_prefix=f"sai-bench-{secrets.token_hex(4)}")

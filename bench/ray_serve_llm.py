@@ -28,7 +28,8 @@ def build_app(args: dict[str, Any]) -> Application:
     cpus = ENGINE_CPUS / replicas  # as many replicas as the benchmark asks, on the same cores
     engine_bundle = {"CPU": cpus, "GPU": 1} if args.get("gpu") else {"CPU": cpus}
     deployment: dict[str, Any] = {
-        "num_replicas": replicas, "max_ongoing_requests": args["max_ongoing_requests"],
+        "num_replicas": replicas,
+        "max_ongoing_requests": args["max_ongoing_requests"],
         "ray_actor_options": {"num_cpus": 0},
     }
     engine_kwargs = dict(args["engine_args"])

@@ -18,22 +18,41 @@ CHART = Path(__file__).resolve().parent / "results" / "latest-serving.png"
 # The overhead budget of issue 5, checked on every serving run that has the concurrencies it
 # reads (a run with other --concurrency levels skips the rest).
 BUDGET = (
-    ("output tok/s at c=32 >= 0.9x bare", (32,), lambda r: r["ours-c32"]["output_throughput"]
-     >= 0.9 * r["bare-c32"]["output_throughput"]),
-    ("TTFT p50 at c=1 <= bare + 10 ms", (1,), lambda r: r["ours-c1"]["median_ttft_ms"]
-     <= r["bare-c1"]["median_ttft_ms"] + 10),
-    ("TTFT p50 at c=32 <= 1.5x bare", (32,), lambda r: r["ours-c32"]["median_ttft_ms"]
-     <= 1.5 * r["bare-c32"]["median_ttft_ms"]),
-    ("ITL p50 <= bare + 2 ms (c=1, 8, 32)", (1, 8, 32), lambda r: all(
-        r[f"ours-c{c}"]["median_itl_ms"] <= r[f"bare-c{c}"]["median_itl_ms"] + 2 for c in (1, 8, 32))),
+    (
+        "output tok/s at c=32 >= 0.9x bare",
+        (32,),
+        lambda r: r["ours-c32"]["output_throughput"] >= 0.9 * r["bare-c32"]["output_throughput"],
+    ),
+    (
+        "TTFT p50 at c=1 <= bare + 10 ms",
+        (1,),
+        lambda r: r["ours-c1"]["median_ttft_ms"] <= r["bare-c1"]["median_ttft_ms"] + 10,
+    ),
+    (
+        "TTFT p50 at c=32 <= 1.5x bare",
+        (32,),
+        lambda r: r["ours-c32"]["median_ttft_ms"] <= 1.5 * r["bare-c32"]["median_ttft_ms"],
+    ),
+    (
+        "ITL p50 <= bare + 2 ms (c=1, 8, 32)",
+        (1, 8, 32),
+        lambda r: all(
+            r[f"ours-c{c}"]["median_itl_ms"] <= r[f"bare-c{c}"]["median_itl_ms"] + 2
+            for c in (1, 8, 32)
+        ),
+    ),
 )
 
 
 def gpu_names() -> list[str]:
     """The node's NVIDIA GPUs as nvidia-smi names them; none where the driver's tool is missing."""
     try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     if done.returncode != 0:
@@ -66,8 +85,10 @@ def model_line(summary: dict[str, Any]) -> list[str]:
     and `make bench`'s, served the tiny one with serve_config.yaml's engine args)."""
     if summary.get("model", "tiny") == "tiny":
         return []
-    return [f"Model: {summary['model']}; engine args of both servers: "
-            f"{json.dumps(summary.get('engine_args', {}))}."]
+    return [
+        f"Model: {summary['model']}; engine args of both servers: "
+        f"{json.dumps(summary.get('engine_args', {}))}."
+    ]
 
 
 def serving_table(summary: dict[str, Any]) -> str:
@@ -98,8 +119,11 @@ def serving_table(summary: dict[str, Any]) -> str:
     lines.append("")
     lines += front_end_lines(r, _concurrencies(summary))
     ran = {int(c) for c in _concurrencies(summary)}
-    lines += [f"- {'PASS' if check(r) else 'FAIL'}: {name}" for name, needs, check in BUDGET
-              if ran.issuperset(needs)]
+    lines += [
+        f"- {'PASS' if check(r) else 'FAIL'}: {name}"
+        for name, needs, check in BUDGET
+        if ran.issuperset(needs)
+    ]
     for run, profile in (summary.get("profile") or {}).items():
         lines += ["", f"### Profile of {run}"]
         lines += profile_lines(profile)
@@ -120,12 +144,18 @@ def front_end_lines(
             cells.append(f"c={c} {ours:.0f} vs {bare:.0f} us ({ours / bare:.2f}x)")
     if not cells:
         return []
-    return [f"Front-end CPU per {per}, ours vs bare's api_server (engine core and worker "
-            "excluded): " + ", ".join(cells) + ".", ""]
+    return [
+        f"Front-end CPU per {per}, ours vs bare's api_server (engine core and worker "
+        "excluded): " + ", ".join(cells) + ".",
+        "",
+    ]
 
 
-RAY_LLM_NAMES = {"ours": "ServiceAi", "ray-llm": "Ray Serve LLM, defaults",
-                 "ray-llm-direct": "Ray Serve LLM, direct streaming + HAProxy"}
+RAY_LLM_NAMES = {
+    "ours": "ServiceAi",
+    "ray-llm": "Ray Serve LLM, defaults",
+    "ray-llm-direct": "Ray Serve LLM, direct streaming + HAProxy",
+}
 
 
 def bare_key(contender: str) -> str:
@@ -202,14 +232,19 @@ def gateway_table(summary: dict[str, Any]) -> str:
     lines += ["", *front_end_lines(r, _concurrencies(summary), per="request")]
     others = [name for name in summary.get("contenders", []) if name != "ours"]
     if others:  # --ray-llm: each against the bare runs of its own phase
-        lines += ["Against Ray Serve LLM (each server against the bare runs of its own phase):", "",
-                  "| c | server | req/s (x bare) | latency p50 / p99 (ms) "
-                  "| front-end CPU per request, us (x bare) |", "|---:|---|---:|---|---:|"]
+        lines += [
+            "Against Ray Serve LLM (each server against the bare runs of its own phase):",
+            "",
+            "| c | server | req/s (x bare) | latency p50 / p99 (ms) "
+            "| front-end CPU per request, us (x bare) |",
+            "|---:|---|---:|---|---:|",
+        ]
         for c, server, b, o in _against_bare(summary):
             lines.append(
                 f"| {c} | {server} | {o['request_throughput']:.1f} "
                 f"({o['request_throughput'] / b['request_throughput']:.2f}x) | "
-                f"{o['median_e2el_ms']:.1f} / {o['p99_e2el_ms']:.1f} | {_cpu_cell(b, o)} |")
+                f"{o['median_e2el_ms']:.1f} / {o['p99_e2el_ms']:.1f} | {_cpu_cell(b, o)} |"
+            )
     for run, profile in (summary.get("profile") or {}).items():
         lines += ["", f"### Profile of {run}"]
         lines += profile_lines(profile)

@@ -58,29 +58,75 @@ GATEWAY = {"input_len": 16, "output_len": 1, "concurrency": {1: 200, 64: 1600}}
 # Ray Serve LLM's two modes (issue 5): name in the results -> direct streaming.
 RAY_LLM_MODES = {"ray-llm": False, "ray-llm-direct": True}
 METRICS = (
-    "output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms",
-    "median_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms",
+    "output_throughput",
+    "request_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "median_e2el_ms",
+    "p99_e2el_ms",
 )
 
 
-def vllm_bench(server: Server, tokenizer: str, concurrency: int, prompts: int,
-               input_len: int, output_len: int, out: Path) -> dict[str, Any]:
+def vllm_bench(
+    server: Server,
+    tokenizer: str,
+    concurrency: int,
+    prompts: int,
+    input_len: int,
+    output_len: int,
+    out: Path,
+) -> dict[str, Any]:
     """One `vllm bench serve` run; returns its JSON result."""
     command = [
-        sys.executable, "-m", "bench.vllm_cli", "bench", "serve",
-        "--backend", "openai-chat", "--base-url", server.base_url,
-        "--endpoint", "/v1/chat/completions", "--model", server.model,
-        "--tokenizer", tokenizer, "--dataset-name", "random",
-        "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-        "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(prompts),
-        "--num-warmups", str(min(concurrency, 8)), "--seed", "0", "--disable-tqdm",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
+        sys.executable,
+        "-m",
+        "bench.vllm_cli",
+        "bench",
+        "serve",
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        server.base_url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        server.model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--ignore-eos",
+        "--max-concurrency",
+        str(concurrency),
+        "--num-prompts",
+        str(prompts),
+        "--num-warmups",
+        str(min(concurrency, 8)),
+        "--seed",
+        "0",
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--save-result",
+        "--result-dir",
+        str(out.parent),
+        "--result-filename",
+        out.name,
     ]
     env = {**os.environ, "OPENAI_API_KEY": server.api_key}
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=PROJECT_ROOT)
     if done.returncode != 0 or not out.exists():
-        raise RuntimeError(f"vllm bench serve failed against {server.name}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        raise RuntimeError(
+            f"vllm bench serve failed against {server.name}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
     result = json.loads(out.read_text())
     if result.get("failed"):
         raise RuntimeError(f"{result['failed']} requests failed against {server.name}; see {out}")
@@ -96,8 +142,15 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
     return medians
 
 
-def run_mode(mode: str, spec: dict[str, Any], target: BenchTarget, rounds: int, profile: bool,
-             ray_llm: bool, cpu: bool = True) -> dict[str, Any]:
+def run_mode(
+    mode: str,
+    spec: dict[str, Any],
+    target: BenchTarget,
+    rounds: int,
+    profile: bool,
+    ray_llm: bool,
+    cpu: bool = True,
+) -> dict[str, Any]:
     """Bare vLLM against this service, then (with `ray_llm`) against each mode of Ray Serve LLM.
 
     Bare vLLM stays up throughout; each contender runs in its own phase, alternating with it,
@@ -122,8 +175,7 @@ def run_mode(mode: str, spec: dict[str, Any], target: BenchTarget, rounds: int, 
                 for concurrency, prompts in spec["concurrency"].items():
                     # Profiles come from a round of their own (-1): the sampler slows what it
                     # samples, so that round's figures are not in the medians.
-                    profiled = ((profile or mode == "gateway") and name == "ours"
-                                and concurrency > 1)
+                    profiled = (profile or mode == "gateway") and name == "ours" and concurrency > 1
                     for round_ in range(-1 if profiled else 0, rounds):
                         order = (bare, contender) if round_ % 2 == 0 else (contender, bare)
                         for server in order:
@@ -131,30 +183,57 @@ def run_mode(mode: str, spec: dict[str, Any], target: BenchTarget, rounds: int, 
                             out = raw / f"{key}-c{concurrency}-r{round_}.json"
                             profiling = round_ < 0
                             counting = cpu and concurrency > 1 and not profiling
-                            pids = ((replica_pids(contender) if server is contender else bare_pids(bare))
-                                    if profiling or counting else {})
+                            pids = (
+                                (
+                                    replica_pids(contender)
+                                    if server is contender
+                                    else bare_pids(bare)
+                                )
+                                if profiling or counting
+                                else {}
+                            )
                             if not profiling:  # counters alone: the front ends, unperturbed
                                 pids = {r: p for r, p in pids.items() if r in FRONT_ENDS}
                             with cpu_profile.cpu_profile(pids, raw, sample=profiling) as prof:
-                                result = vllm_bench(server, tokenizer, concurrency, prompts,
-                                                    spec["input_len"], spec["output_len"], out)
+                                result = vllm_bench(
+                                    server,
+                                    tokenizer,
+                                    concurrency,
+                                    prompts,
+                                    spec["input_len"],
+                                    spec["output_len"],
+                                    out,
+                                )
                             if profiling:
                                 profiles[f"{key}-c{concurrency}"] = prof.summary()
                             if counting:
                                 result["front_end_cpu_s"] = prof.cpu_seconds
-                                front = sum(v for r, v in prof.cpu_seconds.items() if r in FRONT_ENDS)
-                                result["front_end_us_per_token"] = 1e6 * front / result["total_output_tokens"]
+                                front = sum(
+                                    v for r, v in prof.cpu_seconds.items() if r in FRONT_ENDS
+                                )
+                                result["front_end_us_per_token"] = (
+                                    1e6 * front / result["total_output_tokens"]
+                                )
                             if not profiling:
                                 runs.setdefault(f"{key}-c{concurrency}", []).append(result)
-                            print(f"  c={concurrency:<3} round {round_} {key:18}: "
-                                  f"{result['output_throughput']:8.1f} tok/s  "
-                                  f"{result['request_throughput']:7.2f} req/s  "
-                                  f"TTFT p50 {result['median_ttft_ms']:7.1f} ms"
-                                  + ("  (profiled, not counted)" if profiling else ""), flush=True)
+                            print(
+                                f"  c={concurrency:<3} round {round_} {key:18}: "
+                                f"{result['output_throughput']:8.1f} tok/s  "
+                                f"{result['request_throughput']:7.2f} req/s  "
+                                f"TTFT p50 {result['median_ttft_ms']:7.1f} ms"
+                                + ("  (profiled, not counted)" if profiling else ""),
+                                flush=True,
+                            )
     summary = {
-        "mode": mode, "date": stamp, "machine": report.machine(), "spec": spec, "rounds": rounds,
-        "model": target.model, "engine_args": target.engine_args,
-        "serve_env": SERVE_ENV, "contenders": list(contenders),
+        "mode": mode,
+        "date": stamp,
+        "machine": report.machine(),
+        "spec": spec,
+        "rounds": rounds,
+        "model": target.model,
+        "engine_args": target.engine_args,
+        "serve_env": SERVE_ENV,
+        "contenders": list(contenders),
         "results": {key: summarize(v) for key, v in runs.items()},
         "profile": profiles,
     }
@@ -194,23 +273,50 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("serving", "gateway"), nargs="?", default="serving")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--profile", action="store_true",
-                        help="also profile the serving runs (py-spy; costs some throughput)")
-    parser.add_argument("--no-cpu", dest="cpu", action="store_false",
-                        help="skip reading the front ends' CPU counters (per output token, c > 1)")
-    parser.add_argument("--ray-llm", action="store_true",
-                        help="also measure Ray Serve LLM (default and direct streaming) against bare vLLM")
-    parser.add_argument("--serve-env", action="append", default=[], metavar="VAR=VALUE",
-                        help="extra environment of the service's Ray cluster (experiments)")
-    parser.add_argument("--model", metavar="PATH_OR_HF_ID",
-                        help="serve this model on every server instead of the tiny one, with "
-                        "vLLM's default engine args plus --engine-args")
-    parser.add_argument("--concurrency", type=concurrency_arg, metavar="C:PROMPTS,...",
-                        help="the runs to make, replacing the mode's own, e.g. 1:32,32:320")
-    parser.add_argument("--engine-args", type=engine_args_arg, default={}, metavar="JSON",
-                        help="engine args given identically to every server, e.g. "
-                        '\'{"max_model_len": 2048, "gpu_memory_utilization": 0.4}\' '
-                        "(servers on one GPU each need a share of its memory)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile the serving runs (py-spy; costs some throughput)",
+    )
+    parser.add_argument(
+        "--no-cpu",
+        dest="cpu",
+        action="store_false",
+        help="skip reading the front ends' CPU counters (per output token, c > 1)",
+    )
+    parser.add_argument(
+        "--ray-llm",
+        action="store_true",
+        help="also measure Ray Serve LLM (default and direct streaming) against bare vLLM",
+    )
+    parser.add_argument(
+        "--serve-env",
+        action="append",
+        default=[],
+        metavar="VAR=VALUE",
+        help="extra environment of the service's Ray cluster (experiments)",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="PATH_OR_HF_ID",
+        help="serve this model on every server instead of the tiny one, with "
+        "vLLM's default engine args plus --engine-args",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=concurrency_arg,
+        metavar="C:PROMPTS,...",
+        help="the runs to make, replacing the mode's own, e.g. 1:32,32:320",
+    )
+    parser.add_argument(
+        "--engine-args",
+        type=engine_args_arg,
+        default={},
+        metavar="JSON",
+        help="engine args given identically to every server, e.g. "
+        '\'{"max_model_len": 2048, "gpu_memory_utilization": 0.4}\' '
+        "(servers on one GPU each need a share of its memory)",
+    )
     return parser
 
 
@@ -233,10 +339,14 @@ def main() -> None:
     SERVE_ENV.update(item.split("=", 1) for item in args.serve_env)
     RESULTS.mkdir(parents=True, exist_ok=True)
     with open(STACK_LOCK, "w") as lock:
-        print(f"waiting for {STACK_LOCK} (held while a test session or benchmark runs) ...", flush=True)
+        print(
+            f"waiting for {STACK_LOCK} (held while a test session or benchmark runs) ...",
+            flush=True,
+        )
         fcntl.flock(lock, fcntl.LOCK_EX)
-        summary = run_mode(args.mode, spec, target, args.rounds, args.profile, args.ray_llm,
-                           args.cpu)
+        summary = run_mode(
+            args.mode, spec, target, args.rounds, args.profile, args.ray_llm, args.cpu
+        )
     if args.mode == "serving":
         table = report.serving_table(summary)
         ray_table = report.ray_llm_table(summary) if args.ray_llm else ""

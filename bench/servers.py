@@ -33,8 +33,10 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
 BENCH_TYPE = "ServiceAi-Fast"
 BENCH_LIMITS = {
-    "requests_per_minute": 10**9, "tokens_per_minute": 10**12,
-    "concurrent_requests": 10**6, "tokens_per_day": 10**15,
+    "requests_per_minute": 10**9,
+    "tokens_per_minute": 10**12,
+    "concurrent_requests": 10**6,
+    "tokens_per_day": 10**15,
 }
 BIN = Path(sys.executable).parent
 
@@ -71,8 +73,9 @@ class BenchTarget:
         return str(ensure(tiny_model_dir())) if self.model == TINY_MODEL else self.model
 
 
-def bench_target(model: str | None, extra_engine_args: dict[str, Any], concurrencies: list[int],
-                 gpu: bool) -> BenchTarget:
+def bench_target(
+    model: str | None, extra_engine_args: dict[str, Any], concurrencies: list[int], gpu: bool
+) -> BenchTarget:
     """The tiny model with the local profile's engine args (`make bench`), or the operator's
     model with vLLM's own defaults: either way `extra_engine_args` on top, for every server.
     The profile's args are the tiny model's on two CPU cores (eager, a 512 MiB KV cache)."""
@@ -82,7 +85,9 @@ def bench_target(model: str | None, extra_engine_args: dict[str, Any], concurren
         base, local = {}, Path(model).expanduser()
         model = str(local.resolve()) if local.exists() else model
     return BenchTarget(
-        model=model, engine_args={**base, **extra_engine_args}, gpu=gpu,
+        model=model,
+        engine_args={**base, **extra_engine_args},
+        gpu=gpu,
         max_concurrency=max(concurrencies),
         # a real model may first be downloaded, then compiled and captured in CUDA graphs
         start_timeout_s=600 if model == TINY_MODEL else 1800,
@@ -112,9 +117,13 @@ def service_model_type(target: BenchTarget) -> dict[str, Any]:
     return model_type
 
 
-def service_config(target: BenchTarget, port: int, model_type: dict[str, Any] | None = None,
-                   plans: dict[str, Any] | None = None, ingress_replicas: int = 1
-                   ) -> dict[str, Any]:
+def service_config(
+    target: BenchTarget,
+    port: int,
+    model_type: dict[str, Any] | None = None,
+    plans: dict[str, Any] | None = None,
+    ingress_replicas: int = 1,
+) -> dict[str, Any]:
     """serve_config.yaml as the benchmark runs it: the benchmarked type alone, on `port`, with
     the settings in `model_type` on top (and `plans` instead of one generous free plan)."""
     config = yaml.safe_load(SERVE_CONFIG.read_text())
@@ -130,9 +139,17 @@ def service_config(target: BenchTarget, port: int, model_type: dict[str, Any] | 
 def bare_command(target: BenchTarget, port: int) -> list[str]:
     """vLLM's own OpenAI server on the target, under the name the service gives the model."""
     return [
-        str(BIN / "python"), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", target.model_path(), "--served-model-name", BENCH_TYPE,
-        "--host", "127.0.0.1", "--port", str(port),
+        str(BIN / "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        target.model_path(),
+        "--served-model-name",
+        BENCH_TYPE,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
         "--disable-uvicorn-access-log",
         *engine_cli_args(target.engine_args),
     ]
@@ -205,7 +222,9 @@ def _wait_for_every_replica(process: subprocess.Popen, log: Path, timeout_s: flo
         except OSError:
             pass
         time.sleep(1)
-    raise TimeoutError(f"applications not all RUNNING within the start-up time: {statuses}; see {log}")
+    raise TimeoutError(
+        f"applications not all RUNNING within the start-up time: {statuses}; see {log}"
+    )
 
 
 def stop_servers_on_sigterm() -> None:
@@ -242,8 +261,9 @@ def bare_vllm(target: BenchTarget, port: int, log_dir: Path) -> Iterator[Server]
     """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`)."""
     log = log_dir / "bare-vllm.log"
     with open(log, "w") as out:
-        process = subprocess.Popen(bare_command(target, port), stdout=out,
-                                   stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
+        process = subprocess.Popen(
+            bare_command(target, port), stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT
+        )
     server = Server("bare vLLM", f"http://127.0.0.1:{port}", "unused", BENCH_TYPE, pid=process.pid)
     try:
         _wait_for_chat(server, process, log, target.start_timeout_s)
@@ -253,9 +273,16 @@ def bare_vllm(target: BenchTarget, port: int, log_dir: Path) -> Iterator[Server]
 
 
 @contextmanager
-def serviceai(target: BenchTarget, port: int, log_dir: Path, extra_env: dict[str, str],
-              model_type: dict[str, Any] | None = None, log_name: str = "serviceai.log",
-              plans: dict[str, Any] | None = None, ingress_replicas: int = 1) -> Iterator[Server]:
+def serviceai(
+    target: BenchTarget,
+    port: int,
+    log_dir: Path,
+    extra_env: dict[str, str],
+    model_type: dict[str, Any] | None = None,
+    log_name: str = "serviceai.log",
+    plans: dict[str, Any] | None = None,
+    ingress_replicas: int = 1,
+) -> Iterator[Server]:
     """This service as `make run` starts it (`serve run`), with only the benchmarked model type
     (and the settings in `model_type` on top of the profile's, the `plans` if given).
     Several ingress replicas count limits each in its own memory: generous plans only."""
@@ -272,8 +299,14 @@ def serviceai(target: BenchTarget, port: int, log_dir: Path, extra_env: dict[str
 
 
 @contextmanager
-def ray_serve_llm(target: BenchTarget, port: int, log_dir: Path, direct: bool,
-                  replicas: int = 1, request_router: str | None = None) -> Iterator[Server]:
+def ray_serve_llm(
+    target: BenchTarget,
+    port: int,
+    log_dir: Path,
+    direct: bool,
+    replicas: int = 1,
+    request_router: str | None = None,
+) -> Iterator[Server]:
     """Ray's own `ray.serve.llm` (bench/ray_serve_llm.py) on the same model and engine arguments.
 
     Default: Ray's defaults (Python proxy, handle streaming from the LLM server to its OpenAI
@@ -281,16 +314,25 @@ def ray_serve_llm(target: BenchTarget, port: int, log_dir: Path, direct: bool,
     throughput-optimized runtime, as in Ray's own fastest configuration.
     """
     args = {
-        "model_id": BENCH_TYPE, "model_dir": target.model_path(),
-        "engine_args": target.engine_args, "gpu": target.gpu,
+        "model_id": BENCH_TYPE,
+        "model_dir": target.model_path(),
+        "engine_args": target.engine_args,
+        "gpu": target.gpu,
         "max_ongoing_requests": service_model_type(target)["max_ongoing_requests"],
-        "num_replicas": replicas, "request_router": request_router,
+        "num_replicas": replicas,
+        "request_router": request_router,
     }
     config = {
         "proxy_location": "HeadOnly",
         "http_options": {"host": "127.0.0.1", "port": port},
-        "applications": [{"name": "llm", "route_prefix": "/",
-                          "import_path": "bench.ray_serve_llm:build_app", "args": args}],
+        "applications": [
+            {
+                "name": "llm",
+                "route_prefix": "/",
+                "import_path": "bench.ray_serve_llm:build_app",
+                "args": args,
+            }
+        ],
     }
     ray_tmp = Path(tempfile.mkdtemp(prefix="sairl-", dir="/tmp"))
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "RAY_worker_niceness": "0"}
@@ -306,8 +348,9 @@ def ray_serve_llm(target: BenchTarget, port: int, log_dir: Path, direct: bool,
 
 
 @contextmanager
-def _serve_run(server: Server, config: dict[str, Any], env: dict[str, str], log: Path,
-               timeout_s: float) -> Iterator[None]:
+def _serve_run(
+    server: Server, config: dict[str, Any], env: dict[str, str], log: Path, timeout_s: float
+) -> Iterator[None]:
     """`serve run` of `config` in its own Ray cluster (in server.ray_dir), until the block ends."""
     assert server.ray_dir is not None
     config_path = server.ray_dir / "serve_config.yaml"
@@ -315,7 +358,10 @@ def _serve_run(server: Server, config: dict[str, Any], env: dict[str, str], log:
     with open(log, "w") as out:
         process = subprocess.Popen(
             [str(BIN / "serve"), "run", str(config_path)],
-            stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=PROJECT_ROOT,
+            env=env,
         )
     try:
         started = time.monotonic()
@@ -379,8 +425,10 @@ def replica_pids(server: Server, settle_s: float = 30) -> dict[str, int]:
         if not clash:
             return found
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{server.name} runs two {clash[0]} replicas; the bench expects "
-                               f"one: {_describe(clash[1])}; {_describe(clash[2])}")
+            raise RuntimeError(
+                f"{server.name} runs two {clash[0]} replicas; the bench expects "
+                f"one: {_describe(clash[1])}; {_describe(clash[2])}"
+            )
         time.sleep(1)
 
 
@@ -389,8 +437,9 @@ def _replica_pids_once(server: Server) -> tuple[dict[str, int], tuple[str, int, 
     found: dict[str, int] = {}
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if not (server.ray_dir and cmdline.startswith("ray::")
-                and _uses(proc.parent(), server.ray_dir)):
+        if not (
+            server.ray_dir and cmdline.startswith("ray::") and _uses(proc.parent(), server.ray_dir)
+        ):
             continue
         if cmdline.startswith("ray::ServeReplica:"):
             engines = [c for c in _descendants(proc.pid) if _is_engine_core(c)]

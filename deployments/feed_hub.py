@@ -89,4 +89,3 @@ class FeedHub:
             feed.closed = True
             if self._feeds.get(ingress) is feed:
                 del self._feeds[ingress]
-

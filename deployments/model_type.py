@@ -283,4 +283,3 @@ class ModelTypeConfig(BaseModel):
 def tiny_model_dir() -> Path:
     """Where the generated test model lives (SERVICEAI_TINY_MODEL_DIR, else ./models/tiny)."""
     return Path(os.environ.get("SERVICEAI_TINY_MODEL_DIR", PROJECT_ROOT / "models" / "tiny"))
-

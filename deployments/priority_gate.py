@@ -34,8 +34,9 @@ class PriorityGate:
     """Admits requests of at most `slots` sequences at once; the last `reserved` slots take only
     requests whose priority is `reserved_for` or lower (lower is first, as in vLLM)."""
 
-    def __init__(self, slots: int, reserved: int, reserved_for: int = 0,
-                 busy_stream_interval: int = 1) -> None:
+    def __init__(
+        self, slots: int, reserved: int, reserved_for: int = 0, busy_stream_interval: int = 1
+    ) -> None:
         self.slots = slots
         self.reserved = min(reserved, slots - 1)
         self.reserved_for = reserved_for

@@ -25,7 +25,10 @@ READ: dict[type, tuple[str, ...]] = {
     _DeploymentHandleBase: ("_router",),
     SingletonThreadRouter: ("_asyncio_router",),
     AsyncioRouter: (
-        "_deployment_available", "_request_router", "_running_replicas", "_metrics_manager",
+        "_deployment_available",
+        "_request_router",
+        "_running_replicas",
+        "_metrics_manager",
     ),
     RouterMetricsManager: ("_deployment_config",),
     RequestRouter: ("_replica_id_set",),

@@ -106,8 +106,13 @@ def home_key(first_turn: bytes) -> bytes:
 def homes(key: bytes, replicas: list[RunningReplica]) -> list[RunningReplica]:
     """The replicas in this conversation's order (rendezvous hashing): the same in every
     process, and changed only where a replica leaves or comes."""
-    return sorted(replicas, reverse=True, key=lambda r: hashlib.blake2b(
-        key + r.replica_id.unique_id.encode(), digest_size=8).digest())
+    return sorted(
+        replicas,
+        reverse=True,
+        key=lambda r: hashlib.blake2b(
+            key + r.replica_id.unique_id.encode(), digest_size=8
+        ).digest(),
+    )
 
 
 def block_hashes(text: bytes, head: int) -> list[int]:
@@ -245,8 +250,11 @@ class ServiceRouter(RequestRouter):
         else:  # a new conversation, or one that another ingress replica placed
             routing.decision = "home"
             first, *others = (r.replica_id for r in homes(routing.home_key, candidate_replicas))
-            if (routing.new and others
-                    and loads.get(first, least) - loads.get(others[0], least) >= NEW_HOME_SPREAD):
+            if (
+                routing.new
+                and others
+                and loads.get(first, least) - loads.get(others[0], least) >= NEW_HOME_SPREAD
+            ):
                 first = others[0]
             holders = {first}
         preferred = [by_id[r] for r in holders if loads.get(r, least) - least < self._max_imbalance]

@@ -47,11 +47,23 @@ VERSION = 2
 GENERATION_DEFAULTS = {"do_sample": True, "temperature": 0.8, "top_k": 5}
 
 
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+}
 """The test model: its prefill costs next to nothing."""
-PREFILL_HEAVY = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
-                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
+PREFILL_HEAVY = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+}
 """Some 3M parameters: on two cores a 1,400-token prefill takes a good part of a TTFT, as a
 real model's does on a GPU (bench/prefix_affinity.py --model prefill-heavy)."""
 
@@ -61,7 +73,12 @@ def generate(out_dir: Path, vocab_size: int = 512, seed: int = 0, dims: dict | N
     into out_dir."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())

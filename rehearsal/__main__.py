@@ -20,16 +20,30 @@ from rehearsal.service import (
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m rehearsal", description=__doc__)
-    parser.add_argument("--dir", type=Path, default=DEFAULT_ROOT,
-                        help="The cluster's folder (keep it short: HAProxy's socket lives in it).")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=DEFAULT_ROOT,
+        help="The cluster's folder (keep it short: HAProxy's socket lives in it).",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="Start the head and one worker per node type.")
-    up.add_argument("--without", action="append", default=[], metavar="NODE_TYPE",
-                    help="Leave a node type out (it can join later with add-node).")
-    commands.add_parser("deploy", help="`serve deploy` the production config, tiny model swapped in.")
+    up.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="NODE_TYPE",
+        help="Leave a node type out (it can join later with add-node).",
+    )
+    commands.add_parser(
+        "deploy", help="`serve deploy` the production config, tiny model swapped in."
+    )
     commands.add_parser("status", help="`serve status` of the cluster.")
     commands.add_parser("key", help="Create a user on the pro plan and print an API key.")
-    for name, text in (("kill-node", "Lose a worker node (SIGKILL)."), ("add-node", "Start a worker node.")):
+    for name, text in (
+        ("kill-node", "Lose a worker node (SIGKILL)."),
+        ("add-node", "Start a worker node."),
+    ):
         commands.add_parser(name, help=text).add_argument("node_type")
     commands.add_parser("down", help="Stop every node of the cluster (HAProxy included).")
     args = parser.parse_args()

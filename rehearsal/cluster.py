@@ -101,8 +101,13 @@ class LocalCluster:
         token.write_text(generate_new_authentication_token())
         token.chmod(0o600)
         env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-        return cls(root=root, gcs_port=free_port(), dashboard_port=free_port(),
-                   http_port=free_port(), env=env)
+        return cls(
+            root=root,
+            gcs_port=free_port(),
+            dashboard_port=free_port(),
+            http_port=free_port(),
+            env=env,
+        )
 
     @classmethod
     def load(cls, root: Path) -> LocalCluster:
@@ -133,16 +138,26 @@ class LocalCluster:
         self._start(
             "head",
             self.http_port,
-            ["--head", f"--port={self.gcs_port}", "--num-cpus=0", "--include-dashboard=true",
-             f"--dashboard-port={self.dashboard_port}", f"--dashboard-host={HOST}",
-             f"--ray-client-server-port={free_port()}", f"--temp-dir={self.ray_dir}"],
+            [
+                "--head",
+                f"--port={self.gcs_port}",
+                "--num-cpus=0",
+                "--include-dashboard=true",
+                f"--dashboard-port={self.dashboard_port}",
+                f"--dashboard-host={HOST}",
+                f"--ray-client-server-port={free_port()}",
+                f"--temp-dir={self.ray_dir}",
+            ],
         )
 
     def add_node(self, node_type: NodeType, name: str | None = None) -> Node:
         """Start a worker node of this type and join it to the head."""
         name = name or node_type.name
-        flags = [f"--address={self.address}", f"--num-cpus={NODE_CPUS}",
-                 f"--num-gpus={node_type.num_gpus}"]
+        flags = [
+            f"--address={self.address}",
+            f"--num-cpus={NODE_CPUS}",
+            f"--num-gpus={node_type.num_gpus}",
+        ]
         if node_type.resources:
             flags.append(f"--resources={json.dumps(node_type.resources)}")
         return self._start(name, free_port(), flags)
@@ -173,19 +188,33 @@ class LocalCluster:
         env = {**os.environ, **self.env, **self._node_env(http_port)}
         log_path = self.root / f"{name}.start.log"
         for attempt in range(1, START_ATTEMPTS + 1):
-            command = [str(Path(sys.executable).with_name("ray")), "start", f"--node-ip-address={HOST}",
-                       f"--node-name={name}", f"--node-manager-port={free_port()}",
-                       f"--object-manager-port={free_port()}", f"--metrics-export-port={free_port()}",
-                       f"--dashboard-agent-listen-port={free_port()}",
-                       f"--dashboard-agent-grpc-port={free_port()}",
-                       f"--runtime-env-agent-port={free_port()}",
-                       "--object-store-memory=268435456", "--disable-usage-stats", *flags]
+            command = [
+                str(Path(sys.executable).with_name("ray")),
+                "start",
+                f"--node-ip-address={HOST}",
+                f"--node-name={name}",
+                f"--node-manager-port={free_port()}",
+                f"--object-manager-port={free_port()}",
+                f"--metrics-export-port={free_port()}",
+                f"--dashboard-agent-listen-port={free_port()}",
+                f"--dashboard-agent-grpc-port={free_port()}",
+                f"--runtime-env-agent-port={free_port()}",
+                "--object-store-memory=268435456",
+                "--disable-usage-stats",
+                *flags,
+            ]
             with open(log_path, "ab") as log:
                 log.write(f"--- attempt {attempt}: {' '.join(command)}\n".encode())
                 log.flush()
                 # A session of its own: the node's processes share its id (see _signal_session).
-                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True)
+                process = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             node = Node(name, process.pid, http_port)
             self.nodes[name] = node
             self._save()
@@ -197,8 +226,9 @@ class LocalCluster:
             _signal_session(node.session, signal.SIGKILL)
             _wait_session_gone(node.session, timeout_s=30)
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
-        raise RuntimeError(f"`ray start` of {name} failed {START_ATTEMPTS} times; "
-                           f"the end of {log_path}:\n{tail}")
+        raise RuntimeError(
+            f"`ray start` of {name} failed {START_ATTEMPTS} times; the end of {log_path}:\n{tail}"
+        )
 
     def _node_env(self, http_port: int) -> dict[str, str]:
         """Serve's runtime for this node: its own HAProxy ports (one machine). HAProxy's files
@@ -230,7 +260,7 @@ def session_processes(session: int) -> list[int]:
         except OSError:
             continue
         # pid (comm) state ppid pgrp session ...; comm may hold spaces and parentheses.
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[3]) == session and fields[0] != "Z":
             found.append(int(entry.name))
     return found

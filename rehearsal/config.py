@@ -25,7 +25,11 @@ def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """`base` with `changes` merged in, mapping by mapping; REPLACED_KEYS are taken whole."""
     result = copy.deepcopy(base)
     for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(result.get(key), dict) and key not in REPLACED_KEYS:
+        if (
+            isinstance(value, dict)
+            and isinstance(result.get(key), dict)
+            and key not in REPLACED_KEYS
+        ):
             result[key] = merged(result[key], value)
         else:
             result[key] = copy.deepcopy(value)

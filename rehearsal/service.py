@@ -46,7 +46,9 @@ def cluster_up(root: Path = DEFAULT_ROOT, without: tuple[str, ...] = ()) -> Loca
     node_types = worker_node_types()
     unknown = set(without) - set(node_types)
     if unknown:
-        raise ValueError(f"unknown node type(s) {sorted(unknown)}; cluster.yaml has {sorted(node_types)}")
+        raise ValueError(
+            f"unknown node type(s) {sorted(unknown)}; cluster.yaml has {sorted(node_types)}"
+        )
     ensure(tiny_model_dir())  # once here, not by several replicas at once
     cluster = LocalCluster.create({}, root)
     cluster.env |= node_env(cluster.root, cluster.http_port)
@@ -80,10 +82,14 @@ def serve_status(cluster: LocalCluster) -> dict[str, Any]:
 
 
 def _serve(cluster: LocalCluster, *args: str) -> str:
-    command = [str(Path(sys.executable).with_name("serve")), *args,
-               f"--address={cluster.dashboard_url}"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, **cluster.env})
+    command = [
+        str(Path(sys.executable).with_name("serve")),
+        *args,
+        f"--address={cluster.dashboard_url}",
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env={**os.environ, **cluster.env}
+    )
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}")
     return result.stdout

@@ -149,7 +149,11 @@ class Stack:
         return serve.get_deployment_handle(deployment, app)
 
     def log_files(self) -> list[Path]:
-        return [p for p in self.ray_dir.rglob("*") if p.is_file() and p.suffix in (".log", ".out", ".err")]
+        return [
+            p
+            for p in self.ray_dir.rglob("*")
+            if p.is_file() and p.suffix in (".log", ".out", ".err")
+        ]
 
 
 @pytest.fixture(scope="session")
@@ -227,9 +231,16 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     finally:
         serve.shutdown()
         ray.shutdown()
-        for name in ("SERVICEAI_DATABASE_URL", "SERVICEAI_ADMIN_TOKEN", "SERVICEAI_SESSION_SECRET",
-                     "SERVICEAI_KEY_CACHE_TTL_S", "SERVICEAI_STREAM_FEED_MIN_STREAMS",
-                     "SERVICEAI_USAGE_FLUSH_S", "SERVICEAI_PUBLIC_BASE_URL", *runtime):
+        for name in (
+            "SERVICEAI_DATABASE_URL",
+            "SERVICEAI_ADMIN_TOKEN",
+            "SERVICEAI_SESSION_SECRET",
+            "SERVICEAI_KEY_CACHE_TTL_S",
+            "SERVICEAI_STREAM_FEED_MIN_STREAMS",
+            "SERVICEAI_USAGE_FLUSH_S",
+            "SERVICEAI_PUBLIC_BASE_URL",
+            *runtime,
+        ):
             os.environ.pop(name, None)
         shutil.rmtree(ray_dir, ignore_errors=True)
         shutil.rmtree(store_dir, ignore_errors=True)
@@ -248,7 +259,11 @@ def _wait_until_every_type_answers(origin: str, api_key: str, timeout_s: float =
                 response = httpx.post(
                     f"{origin}/v1/chat/completions",
                     headers={"Authorization": f"Bearer {api_key}"},
-                    json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                    json={
+                        "model": model,
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 1,
+                    },
                     timeout=30,
                 )
                 if response.status_code == 200:

@@ -36,7 +36,9 @@ class TcpProxy:
         if self._server is not None:
             await self.cut()
 
-    async def _forward(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+    async def _forward(
+        self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
+    ) -> None:
         try:
             server_reader, server_writer = await asyncio.open_connection(*self._target)
         except OSError:

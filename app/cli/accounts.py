@@ -53,7 +53,8 @@ users = typer.Typer(
     no_args_is_help=True,
 )
 keys = typer.Typer(
-    help="API keys: create (shown once), list, scope, rotate, revoke.", epilog=EXIT_CODES,
+    help="API keys: create (shown once), list, scope, rotate, revoke.",
+    epilog=EXIT_CODES,
     no_args_is_help=True,
 )
 
@@ -190,8 +191,10 @@ def list_users(
         return
     table(
         ["ID", "EMAIL", "PLAN", "STATUS", "CREATED"],
-        [[u.id, u.email, u.plan, "disabled" if u.disabled else "active", when(u.created_at)]
-         for u in page.data],
+        [
+            [u.id, u.email, u.plan, "disabled" if u.disabled else "active", when(u.created_at)]
+            for u in page.data
+        ],
     )
     if page.has_more:
         typer.echo(f"... more: --after {page.data[-1].id}")
@@ -202,8 +205,12 @@ def _update(user: str, as_json: bool, **change: object) -> None:
     budget = {"monthly_tokens": body.monthly_tokens} if "monthly_tokens" in change else {}
     updated = with_store(
         lambda store: store.update_user(
-            user, plan=body.plan, disabled=body.disabled, role=body.role,
-            actor=Actor.command_line(), **budget,
+            user,
+            plan=body.plan,
+            disabled=body.disabled,
+            role=body.role,
+            actor=Actor.command_line(),
+            **budget,
         )
     )
     print_json(updated) if as_json else print_user(updated)
@@ -298,8 +305,10 @@ def seconds_of(text: str, option: str) -> int:
 
 
 ModelsOption = typer.Option(
-    None, "--models", help="Comma-separated model types the key may call (e.g. "
-    "ServiceAi-Fast,ServiceAi-Coder); default all."
+    None,
+    "--models",
+    help="Comma-separated model types the key may call (e.g. "
+    "ServiceAi-Fast,ServiceAi-Coder); default all.",
 )
 ExpiresInOption = typer.Option(None, "--expires-in", help="Expire after 30d, 24h, 90m...")
 ExpiresAtOption = typer.Option(
@@ -317,8 +326,11 @@ MonthlyOption = typer.Option(
 
 
 def scope_fields(
-    models: str | None, expires_in: str | None, expires_at: str | None,
-    limits: dict[str, int | None], monthly_tokens: int | None,
+    models: str | None,
+    expires_in: str | None,
+    expires_at: str | None,
+    limits: dict[str, int | None],
+    monthly_tokens: int | None,
 ) -> dict[str, object]:
     """The scope fields the options give (only those given)."""
     fields: dict[str, object] = {}
@@ -365,10 +377,17 @@ def create_key(
     as_json: bool = JsonOption,
 ) -> None:
     """Create a key, scoped if asked, and print it once (the store keeps only its hash)."""
-    limits = dict(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
-                  concurrent_requests=concurrent_requests, tokens_per_day=tokens_per_day)
-    body = validated(ApiKeyCreate, name=name, **scope_fields(
-        models, expires_in, expires_at, limits, monthly_tokens))
+    limits = dict(
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=tokens_per_minute,
+        concurrent_requests=concurrent_requests,
+        tokens_per_day=tokens_per_day,
+    )
+    body = validated(
+        ApiKeyCreate,
+        name=name,
+        **scope_fields(models, expires_in, expires_at, limits, monthly_tokens),
+    )
     key = with_store(
         lambda store: store.create_key(user, body.name, body, actor=Actor.command_line())
     )
@@ -396,8 +415,12 @@ def update_key(
 ) -> None:
     """Change a key's scopes: what is given replaces what it had; the rest stays. Replicas see
     it within the key cache TTL."""
-    limits = dict(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
-                  concurrent_requests=concurrent_requests, tokens_per_day=tokens_per_day)
+    limits = dict(
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=tokens_per_minute,
+        concurrent_requests=concurrent_requests,
+        tokens_per_day=tokens_per_day,
+    )
     fields = scope_fields(models, expires_in, expires_at, {}, monthly_tokens)
     if all_models:
         fields["models"] = None
@@ -462,8 +485,18 @@ def list_keys(
         return
     table(
         ["ID", "KEY", "NAME", "USER", "STATUS", "CREATED", "LAST USED"],
-        [[k.id, k.display, k.name or "-", k.user_id, "revoked" if k.revoked else "active",
-          when(k.created_at), when(k.last_used_at)] for k in page.data],
+        [
+            [
+                k.id,
+                k.display,
+                k.name or "-",
+                k.user_id,
+                "revoked" if k.revoked else "active",
+                when(k.created_at),
+                when(k.last_used_at),
+            ]
+            for k in page.data
+        ],
     )
     if page.has_more:
         typer.echo(f"... more: --after {page.data[-1].id}")
@@ -475,9 +508,7 @@ def revoke_key(
     as_json: bool = JsonOption,
 ) -> None:
     """Revoke a key: every replica refuses it within the key cache TTL."""
-    key: ApiKey = with_store(
-        lambda store: store.revoke_key(key_id, actor=Actor.command_line())
-    )
+    key: ApiKey = with_store(lambda store: store.revoke_key(key_id, actor=Actor.command_line()))
     if as_json:
         print_json(key)
         return
@@ -509,13 +540,23 @@ def usage(
         print_json(report)
         return
     rows = [
-        [str(r.date), r.user_id, r.key_id, r.model, str(r.requests), str(r.prompt_tokens),
-         str(r.completion_tokens), str(r.total_tokens)]
+        [
+            str(r.date),
+            r.user_id,
+            r.key_id,
+            r.model,
+            str(r.requests),
+            str(r.prompt_tokens),
+            str(r.completion_tokens),
+            str(r.total_tokens),
+        ]
         for r in report.data
     ]
     table(["DATE", "USER", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "TOTAL"], rows)
-    totals = [sum(getattr(r, f) for r in report.data)
-              for f in ("requests", "prompt_tokens", "completion_tokens", "total_tokens")]
+    totals = [
+        sum(getattr(r, f) for r in report.data)
+        for f in ("requests", "prompt_tokens", "completion_tokens", "total_tokens")
+    ]
     typer.echo(
         f"{report.start_date} to {report.end_date}: {totals[0]} requests, {totals[1]} prompt + "
         f"{totals[2]} completion = {totals[3]} tokens."
@@ -540,8 +581,10 @@ def audit(
         return
     table(
         ["ID", "AT (UTC)", "SOURCE", "ACTOR", "ACTION", "TARGET", "DETAIL"],
-        [[str(e.id), when(e.at), e.source, e.actor, e.action, e.target, e.detail or "-"]
-         for e in page.data],
+        [
+            [str(e.id), when(e.at), e.source, e.actor, e.action, e.target, e.detail or "-"]
+            for e in page.data
+        ],
     )
     if page.has_more:
         typer.echo(f"... more: --before {page.data[-1].id}")

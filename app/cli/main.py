@@ -43,8 +43,9 @@ def run(
         600, help="How long the service may take to start; then it is stopped (exit code 1)."
     ),
     stop_grace_s: float = typer.Option(
-        60, help="After SIGTERM/SIGINT/SIGHUP, how long Serve may take to shut down before "
-        "serve run is killed."
+        60,
+        help="After SIGTERM/SIGINT/SIGHUP, how long Serve may take to shut down before "
+        "serve run is killed.",
     ),
 ) -> None:
     """Start the service with `serve run CONFIG` and say how to call it once it answers.
@@ -63,15 +64,25 @@ def run(
         with claim_runtime_dir(runtime_dir, port):
             clear_port(runtime_dir, host, port, typer.echo)
             first_key, owner = with_store(_first_start_key)
-            typer.echo(f"Starting ServiceAi from {config} on {host}:{port} "
-                       "(first start takes a minute or two) ...")
+            typer.echo(
+                f"Starting ServiceAi from {config} on {host}:{port} "
+                "(first start takes a minute or two) ..."
+            )
             if (host, port) != (http.get("host"), http.get("port")):
                 config = _with_http_options(config, runtime_dir, host, port)
             # `--address local`: its own Ray cluster, never one found on the machine.
             serve = ServeRun(
-                [str(Path(sys.executable).with_name("serve")), "run", "--address", "local",
-                 str(config)],
-                {**os.environ, **runtime}, runtime_dir, stop_grace_s, typer.echo,
+                [
+                    str(Path(sys.executable).with_name("serve")),
+                    "run",
+                    "--address",
+                    "local",
+                    str(config),
+                ],
+                {**os.environ, **runtime},
+                runtime_dir,
+                stop_grace_s,
+                typer.echo,
             )
             serve.start()
             try:

@@ -158,15 +158,18 @@ def is_gone(process: Process) -> bool:
 
 
 def stop_processes(
-    processes: list[Process], grace_s: float = TERM_GRACE_S,
+    processes: list[Process],
+    grace_s: float = TERM_GRACE_S,
     echo: Callable[[str], None] = lambda line: None,
 ) -> list[Process]:
     """SIGTERM, then after `grace_s` SIGKILL; the processes still there after both."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, TERM_GRACE_S)):
         processes = [p for p in processes if not is_gone(p)]
         if processes and sig == signal.SIGKILL:
-            echo(f"Killing {len(processes)} process(es) still there {grace_s:.0f} s after "
-                 "SIGTERM: " + ", ".join(f"{p.pid} ({_short(p)})" for p in processes))
+            echo(
+                f"Killing {len(processes)} process(es) still there {grace_s:.0f} s after "
+                "SIGTERM: " + ", ".join(f"{p.pid} ({_short(p)})" for p in processes)
+            )
         for process in processes:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, sig)
@@ -257,7 +260,11 @@ class ServeRun:
     """`serve run` as a child that stops on request, escalating if it does not."""
 
     def __init__(
-        self, command: list[str], env: dict[str, str], runtime_dir: Path, stop_grace_s: float,
+        self,
+        command: list[str],
+        env: dict[str, str],
+        runtime_dir: Path,
+        stop_grace_s: float,
         echo: Callable[[str], None],
     ) -> None:
         self.command = command
@@ -327,8 +334,10 @@ class ServeRun:
         left = [p for p in own if p.state != "Z"]
         left += [p for p in haproxies_of(self.runtime_dir, table) if p not in own]
         if left:
-            self.echo(f"Stopping {len(left)} process(es) serve run left: "
-                      + ", ".join(f"{p.pid} ({_short(p)})" for p in left))
+            self.echo(
+                f"Stopping {len(left)} process(es) serve run left: "
+                + ", ".join(f"{p.pid} ({_short(p)})" for p in left)
+            )
         remaining = stop_processes(left, echo=self.echo)
         self._reap_orphans()
         for process in remaining:

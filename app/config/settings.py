@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     )
     cors_origins: list[str] = Field(
         default_factory=list,
-        description='Browser origins that may call the API (a JSON list, e.g. '
+        description="Browser origins that may call the API (a JSON list, e.g. "
         '["http://localhost:3000"]); empty: CORS closed, no browser page can read an answer.',
     )
     response_retention_s: float = Field(
@@ -157,7 +157,9 @@ class Settings(BaseSettings):
         f"when the ingress has more than one). At least {MIN_SESSION_SECRET_LENGTH} characters.",
     )
     session_idle_s: int = Field(
-        8 * 3600, ge=60, le=30 * 86400,
+        8 * 3600,
+        ge=60,
+        le=30 * 86400,
         description="A console session ends after this long without a page view.",
     )
     sign_in_limit_per_email: str = Field(
@@ -166,7 +168,7 @@ class Settings(BaseSettings):
     )
     trusted_proxies: list[str] = Field(
         default_factory=list,
-        description="Addresses or networks (a JSON list, e.g. [\"10.0.0.0/16\"]) of the proxies "
+        description='Addresses or networks (a JSON list, e.g. ["10.0.0.0/16"]) of the proxies '
         "in front of the ingress (the load balancer; the node's HAProxy, which connects from "
         "loopback and appends the address it saw). Only a request from one of them has its "
         "X-Forwarded-For read for the console's per-address sign-in limit; empty: the header is "
@@ -233,9 +235,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"{proxy!r} is not an IP address or network") from None
         return value
 
-    @field_validator(
-        "sign_in_limit_per_email", "sign_in_limit_per_address", "sign_in_limit_shared"
-    )
+    @field_validator("sign_in_limit_per_email", "sign_in_limit_per_address", "sign_in_limit_shared")
     @classmethod
     def _rate_limits(cls, value: str) -> str:
         try:

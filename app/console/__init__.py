@@ -49,7 +49,8 @@ def mount_console(api: FastAPI, settings: Settings) -> None:
     console.state.sign_up = settings.sign_up
     console.state.client_address = ClientAddress(settings.trusted_proxies)
     console.state.sign_in_limit = SignInLimit(
-        settings.sign_in_limit_per_email, settings.sign_in_limit_per_address,
+        settings.sign_in_limit_per_email,
+        settings.sign_in_limit_per_address,
         settings.sign_in_limit_shared,
     )
     console.add_middleware(
@@ -105,7 +106,9 @@ def _install_error_pages(console: FastAPI) -> None:
 
     def csrf(request: Request, exc: CsrfRejected) -> Response:
         return _error(
-            request, 403, "This form has expired or did not come from this console. "
+            request,
+            403,
+            "This form has expired or did not come from this console. "
             "Reload the page and send it again.",
         )
 
@@ -121,11 +124,16 @@ def _install_error_pages(console: FastAPI) -> None:
     def unexpected(request: Request, exc: Exception) -> Response:
         request_id = request_id_of(request)
         logger.error(
-            "Unhandled error in %s %s (request %s)", request.method, request.url.path,
-            request_id, exc_info=exc,
+            "Unhandled error in %s %s (request %s)",
+            request.method,
+            request.url.path,
+            request_id,
+            exc_info=exc,
         )
         return _error(
-            request, 500, "Something went wrong on our side. Retry, or contact us and quote "
+            request,
+            500,
+            "Something went wrong on our side. Retry, or contact us and quote "
             f"request id {request_id}.",
         )
 

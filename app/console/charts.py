@@ -73,8 +73,12 @@ def compact(value: float) -> str:
 
 
 def stacked_bars(
-    title: str, days: Sequence[date], series: Mapping[str, Mapping[date, int]], unit: str,
-    *, colours: Sequence[str] | None = None,
+    title: str,
+    days: Sequence[date],
+    series: Mapping[str, Mapping[date, int]],
+    unit: str,
+    *,
+    colours: Sequence[str] | None = None,
 ) -> BarChart:
     """One bar per day, stacked by series (e.g. model types), scaled to the tallest day.
 
@@ -83,9 +87,9 @@ def stacked_bars(
     """
     names = list(colours or [])
     names += [name for name in series if name not in names]
-    top = nice_ceiling(max(
-        (sum(values.get(day, 0) for values in series.values()) for day in days), default=0
-    ))
+    top = nice_ceiling(
+        max((sum(values.get(day, 0) for values in series.values()) for day in days), default=0)
+    )
     plot_width = WIDTH - LEFT - RIGHT
     plot_height = HEIGHT - BOTTOM - TOP
     slot = plot_width / max(len(days), 1)
@@ -98,10 +102,16 @@ def stacked_bars(
                 continue
             height = value / top * plot_height
             y -= height
-            bars.append(Bar(
-                x=LEFT + index * slot + slot * 0.15, y=y, width=slot * 0.7, height=height,
-                series=names.index(name), title=f"{day.isoformat()} {name}: {value:,} {unit}",
-            ))
+            bars.append(
+                Bar(
+                    x=LEFT + index * slot + slot * 0.15,
+                    y=y,
+                    width=slot * 0.7,
+                    height=height,
+                    series=names.index(name),
+                    title=f"{day.isoformat()} {name}: {value:,} {unit}",
+                )
+            )
     ticks = [
         Label(HEIGHT - BOTTOM - share * plot_height, compact(top * share))
         for share in (0, 0.25, 0.5, 0.75, 1)
@@ -109,7 +119,10 @@ def stacked_bars(
     every = max(1, math.ceil(len(days) / 8))
     labels = [
         Label(LEFT + index * slot + slot / 2, day.strftime("%m-%d"))
-        for index, day in enumerate(days) if (len(days) - 1 - index) % every == 0
+        for index, day in enumerate(days)
+        if (len(days) - 1 - index) % every == 0
     ]
     legend = [(names.index(name), name) for name in series]
-    return BarChart(title, WIDTH, HEIGHT, LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, bars, ticks, labels, legend)
+    return BarChart(
+        title, WIDTH, HEIGHT, LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, bars, ticks, labels, legend
+    )

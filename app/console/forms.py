@@ -20,16 +20,34 @@ from pydantic import (
 
 from app.accounts.keystore import passwords
 from app.accounts.keystore.schemas import (
-    DEFAULT_GRACE_S, MAX_GRACE_S, Count, Email, KeyName, KeyScopes, ModelTypeName, Password,
-    PlanName, Role, TokenCount,
+    DEFAULT_GRACE_S,
+    MAX_GRACE_S,
+    Count,
+    Email,
+    KeyName,
+    KeyScopes,
+    ModelTypeName,
+    Password,
+    PlanName,
+    Role,
+    TokenCount,
 )
 
-_LABELS = {"email": "Email", "password": "Password", "password_again": "Repeat password",
-           "name": "Key name", "expires_on": "Expires on",
-           "requests_per_minute": "Requests per minute", "tokens_per_minute": "Tokens per minute",
-           "concurrent_requests": "Requests at once", "tokens_per_day": "Tokens per day",
-           "monthly_tokens": "Tokens per month", "models": "Model types", "plan": "Plan",
-           "role": "Role"}
+_LABELS = {
+    "email": "Email",
+    "password": "Password",
+    "password_again": "Repeat password",
+    "name": "Key name",
+    "expires_on": "Expires on",
+    "requests_per_minute": "Requests per minute",
+    "tokens_per_minute": "Tokens per minute",
+    "concurrent_requests": "Requests at once",
+    "tokens_per_day": "Tokens per day",
+    "monthly_tokens": "Tokens per month",
+    "models": "Model types",
+    "plan": "Plan",
+    "role": "Role",
+}
 
 
 class SignUpForm(BaseModel):
@@ -80,12 +98,20 @@ class KeyForm(BaseModel):
         return value
 
     def scopes(self) -> KeyScopes:
-        limits = {name: getattr(self, name) for name in
-                  ("requests_per_minute", "tokens_per_minute", "concurrent_requests",
-                   "tokens_per_day") if getattr(self, name) is not None}
+        limits = {
+            name: getattr(self, name)
+            for name in (
+                "requests_per_minute",
+                "tokens_per_minute",
+                "concurrent_requests",
+                "tokens_per_day",
+            )
+            if getattr(self, name) is not None
+        }
         return KeyScopes(
             models=self.models,
-            expires_at=None if self.expires_on is None
+            expires_at=None
+            if self.expires_on is None
             else datetime.combine(self.expires_on, time(), UTC),
             limits=limits or None,
             monthly_tokens=self.monthly_tokens,

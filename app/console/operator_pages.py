@@ -24,7 +24,12 @@ from app.accounts.keystore.schemas import MAX_PAGE, IssuedApiKey, User
 from app.accounts.scopes import check_models
 from app.console import session
 from app.console.forms import (
-    KeyForm, NewUserForm, RoleForm, grace_hours, problem, whole_number,
+    KeyForm,
+    NewUserForm,
+    RoleForm,
+    grace_hours,
+    problem,
+    whole_number,
 )
 from app.console.pages import go, render
 from app.console.session import signed_in_operator
@@ -53,10 +58,17 @@ def _model_types(request: Request) -> list[str]:
     return request.app.state.models.names
 
 
-def _page(request: Request, template: str, operator: User, status: int = 200,
-          **context: object) -> Response:
-    return render(request, template, status, user=operator,
-                  notice=request.session.pop("notice", None), **context)
+def _page(
+    request: Request, template: str, operator: User, status: int = 200, **context: object
+) -> Response:
+    return render(
+        request,
+        template,
+        status,
+        user=operator,
+        notice=request.session.pop("notice", None),
+        **context,
+    )
 
 
 @router.get("/")
@@ -69,20 +81,36 @@ async def home(request: Request) -> Response:
 
 @router.get("/users")
 async def users_page(
-    request: Request, q: str | None = None, after: str | None = None,
+    request: Request,
+    q: str | None = None,
+    after: str | None = None,
     operator: User = Depends(signed_in_operator),
 ) -> Response:
     return await _users(request, operator, q=q, after=after)
 
 
 async def _users(
-    request: Request, operator: User, status: int = 200, *, q: str | None = None,
-    after: str | None = None, **context: object,
+    request: Request,
+    operator: User,
+    status: int = 200,
+    *,
+    q: str | None = None,
+    after: str | None = None,
+    **context: object,
 ) -> Response:
     found = await _store(request).list_users(PAGE, after or None, email_contains=q, order="desc")
     context.setdefault("form", {})
-    return _page(request, "admin_users.html", operator, status, users=found.data,
-                 more=found.has_more, q=q or "", plans=_plans(request), **context)
+    return _page(
+        request,
+        "admin_users.html",
+        operator,
+        status,
+        users=found.data,
+        more=found.has_more,
+        q=q or "",
+        plans=_plans(request),
+        **context,
+    )
 
 
 @router.post("/users")
@@ -94,7 +122,9 @@ async def create_user(request: Request, operator: User = Depends(signed_in_opera
         if new.plan not in _plans(request):
             raise HTTPException(400, f"There is no plan '{new.plan}'.")
         user = await _store(request).create_user(
-            new.email, new.plan, actor=Actor.operator(operator.email),
+            new.email,
+            new.plan,
+            actor=Actor.operator(operator.email),
             password=None if new.password is None else new.password.get_secret_value(),
         )
     except ValidationError as exc:
@@ -111,8 +141,13 @@ async def user_page(
 
 
 async def _user(
-    request: Request, operator: User, user_id: str, status: int = 200, *,
-    new_key: IssuedApiKey | None = None, **context: object,
+    request: Request,
+    operator: User,
+    user_id: str,
+    status: int = 200,
+    *,
+    new_key: IssuedApiKey | None = None,
+    **context: object,
 ) -> Response:
     store = _store(request)
     shown = await store.get_user(user_id)
@@ -121,11 +156,20 @@ async def _user(
     rows = await store.daily_totals(start, end, user_id=shown.id)
     context.setdefault("form", {})
     return _page(
-        request, "admin_user.html", operator, status, shown=shown, keys=keys.data,
-        more=keys.has_more, plans=_plans(request), scope_types=_model_types(request),
+        request,
+        "admin_user.html",
+        operator,
+        status,
+        shown=shown,
+        keys=keys.data,
+        more=keys.has_more,
+        plans=_plans(request),
+        scope_types=_model_types(request),
         usage=usage_over_time(rows, start, end, _model_types(request)),
         top_keys=await store.top_keys(start, end, TOP, user_id=shown.id),
-        budget=await store.budget(user=shown.id), new_key=new_key, **context,
+        budget=await store.budget(user=shown.id),
+        new_key=new_key,
+        **context,
     )
 
 
@@ -211,14 +255,24 @@ async def create_key(
 
 @router.get("/keys")
 async def keys_page(
-    request: Request, user: str | None = None, after: str | None = None,
+    request: Request,
+    user: str | None = None,
+    after: str | None = None,
     operator: User = Depends(signed_in_operator),
 ) -> Response:
-    found = await _store(request).list_keys(user or None, limit=PAGE, after=after or None,
-                                            order="desc")
+    found = await _store(request).list_keys(
+        user or None, limit=PAGE, after=after or None, order="desc"
+    )
     owners = await _store(request).emails({key.user_id for key in found.data})
-    return _page(request, "admin_keys.html", operator, keys=found.data, more=found.has_more,
-                 owners=owners, user_filter=user or "")
+    return _page(
+        request,
+        "admin_keys.html",
+        operator,
+        keys=found.data,
+        more=found.has_more,
+        owners=owners,
+        user_filter=user or "",
+    )
 
 
 @router.get("/keys/{key_id}/revoke")
@@ -254,8 +308,9 @@ async def rotate(
         key_id, timedelta(hours=hours), actor=Actor.operator(operator.email)
     )
     _keys(request).forget(key_id=key_id)
-    return await _user(request, operator, issued.user_id, 201, new_key=issued,
-                       rotated=key_id, grace_hours=hours)
+    return await _user(
+        request, operator, issued.user_id, 201, new_key=issued, rotated=key_id, grace_hours=hours
+    )
 
 
 # Plans, usage, audit
@@ -266,8 +321,15 @@ async def plans_page(request: Request, operator: User = Depends(signed_in_operat
     plans = request.app.state.limits.plans
     counts = await _store(request).users_per_plan()
     unknown = {name: n for name, n in counts.items() if plans.get(name) is None}
-    return _page(request, "admin_plans.html", operator, plans=plans.root, counts=counts,
-                 unknown=unknown, type_names=_model_types(request))
+    return _page(
+        request,
+        "admin_plans.html",
+        operator,
+        plans=plans.root,
+        counts=counts,
+        unknown=unknown,
+        type_names=_model_types(request),
+    )
 
 
 async def _usage(request: Request, days: str | None):
@@ -285,17 +347,27 @@ async def usage_page(
 ) -> Response:
     chosen, start, end, usage = await _usage(request, days)
     top_users, top_keys = await _store(request).top(start, end, TOP)
-    return _page(request, "admin_usage.html", operator, usage=usage, days=chosen,
-                 ranges=RANGES, top_users=top_users, top_keys=top_keys)
+    return _page(
+        request,
+        "admin_usage.html",
+        operator,
+        usage=usage,
+        days=chosen,
+        ranges=RANGES,
+        top_users=top_users,
+        top_keys=top_keys,
+    )
 
 
 @router.get("/usage.csv")
 async def usage_csv(request: Request, days: str | None = None) -> Response:
     chosen, start, end, usage = await _usage(request, days)
     return Response(
-        usage.csv(), media_type="text/csv; charset=utf-8",
-        headers={"Content-Disposition":
-                 f'attachment; filename="usage-{start.isoformat()}-{end.isoformat()}.csv"'},
+        usage.csv(),
+        media_type="text/csv; charset=utf-8",
+        headers={
+            "Content-Disposition": f'attachment; filename="usage-{start.isoformat()}-{end.isoformat()}.csv"'
+        },
     )
 
 

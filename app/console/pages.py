@@ -45,7 +45,10 @@ templates.env.filters["when"] = when
 
 
 def render(
-    request: Request, template: str, status: int = 200, headers: dict[str, str] | None = None,
+    request: Request,
+    template: str,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
     **context: object,
 ) -> HTMLResponse:
     context["base"] = request.scope.get("root_path", "")
@@ -100,7 +103,8 @@ async def sign_up(request: Request) -> Response:
     try:
         fields = SignUpForm.model_validate(dict(form))
         user = await _store(request).create_user(
-            fields.email, password=fields.password.get_secret_value(),
+            fields.email,
+            password=fields.password.get_secret_value(),
             disabled=mode == "approval",
         )
     except ValidationError as exc:
@@ -109,7 +113,10 @@ async def sign_up(request: Request) -> Response:
         if mode == "approval":  # the same answer as for a new email: nothing to learn here
             return render(request, "sign_up.html", 202, requested=True)
         return render(
-            request, "sign_up.html", 409, email=form.get("email"),
+            request,
+            "sign_up.html",
+            409,
+            email=form.get("email"),
             error="An account with this email already exists: sign in instead.",
         )
     if mode == "approval":
@@ -144,7 +151,10 @@ async def sign_in(request: Request) -> Response:
         return render(request, "sign_in.html", 401, error=exc.message, email=fields.email)
     if user.disabled:
         return render(
-            request, "sign_in.html", 403, email=fields.email,
+            request,
+            "sign_in.html",
+            403,
+            email=fields.email,
             error="This account is disabled. Ask the operator of this service to enable it.",
         )
     await session.start(request, user)
@@ -153,8 +163,12 @@ async def sign_in(request: Request) -> Response:
 
 def _too_many(request: Request, template: str, wait_s: int, **context: object) -> Response:
     return render(
-        request, template, 429, {"Retry-After": str(wait_s)},
-        error=f"Too many attempts. Try again in {wait_s} s.", **context,
+        request,
+        template,
+        429,
+        {"Retry-After": str(wait_s)},
+        error=f"Too many attempts. Try again in {wait_s} s.",
+        **context,
     )
 
 
@@ -189,15 +203,26 @@ async def create_key(request: Request, user: User = Depends(signed_in_user)) -> 
 
 
 async def _keys(
-    request: Request, user: User, status: int = 200, *, new_key: IssuedApiKey | None = None,
+    request: Request,
+    user: User,
+    status: int = 200,
+    *,
+    new_key: IssuedApiKey | None = None,
     **context: object,
 ) -> Response:
     page = await _store(request).list_keys(user.id, limit=MAX_PAGE, order="desc")
     context.setdefault("form", {})
     return render(
-        request, "keys.html", status, user=user, keys=page.data, more=page.has_more,
-        new_key=new_key, notice=request.session.pop("notice", None),
-        scope_types=request.app.state.models.names, **context,
+        request,
+        "keys.html",
+        status,
+        user=user,
+        keys=page.data,
+        more=page.has_more,
+        new_key=new_key,
+        notice=request.session.pop("notice", None),
+        scope_types=request.app.state.models.names,
+        **context,
     )
 
 
@@ -206,8 +231,11 @@ async def revoke_page(
     key_id: str, request: Request, user: User = Depends(signed_in_user)
 ) -> Response:
     key = next(
-        (k for k in (await _store(request).list_keys(user.id, limit=MAX_PAGE)).data
-         if k.id == key_id),
+        (
+            k
+            for k in (await _store(request).list_keys(user.id, limit=MAX_PAGE)).data
+            if k.id == key_id
+        ),
         None,
     )
     if key is None or key.revoked:
@@ -263,8 +291,11 @@ async def plan_page(request: Request, user: User = Depends(signed_in_user)) -> R
     names = request.app.state.models.names
     rows = [
         ModelTypeUsage(
-            model.name, model.description, plan.on(model.name) if plan else None,
-            used.get(model.name, UsageTotals()), model_chart(days, start, end, model.name, names),
+            model.name,
+            model.description,
+            plan.on(model.name) if plan else None,
+            used.get(model.name, UsageTotals()),
+            model_chart(days, start, end, model.name, names),
         )
         for model in _model_types(request)
     ]

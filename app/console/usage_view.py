@@ -43,13 +43,24 @@ class UsageOverTime:
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(CSV_HEADER)
         for row in self.rows:
-            writer.writerow((row.day.isoformat(), row.model, row.requests, row.prompt_tokens,
-                             row.completion_tokens, row.total_tokens))
+            writer.writerow(
+                (
+                    row.day.isoformat(),
+                    row.model,
+                    row.requests,
+                    row.prompt_tokens,
+                    row.completion_tokens,
+                    row.total_tokens,
+                )
+            )
         return out.getvalue()
 
 
 def usage_over_time(
-    rows: Sequence[DailyTotal], start: date, end: date, model_types: Sequence[str],
+    rows: Sequence[DailyTotal],
+    start: date,
+    end: date,
+    model_types: Sequence[str],
 ) -> UsageOverTime:
     """Charts of `rows` (from `KeyStore.daily_totals`) over every day from `start` to `end`;
     each model type keeps its place in `model_types`, hence its colour."""
@@ -61,18 +72,28 @@ def usage_over_time(
         requests.setdefault(row.model, {})[row.day] = row.requests
     span = f"{start.isoformat()} to {end.isoformat()} (UTC)"
     return UsageOverTime(
-        start, end, list(rows),
+        start,
+        end,
+        list(rows),
         stacked_bars(f"Tokens per day, {span}", days, tokens, "tokens", colours=model_types),
-        stacked_bars(f"Requests per day, {span}", days, requests, "requests",
-                     colours=model_types),
+        stacked_bars(f"Requests per day, {span}", days, requests, "requests", colours=model_types),
     )
 
 
 def model_chart(
-    rows: Sequence[DailyTotal], start: date, end: date, model: str, model_types: Sequence[str],
+    rows: Sequence[DailyTotal],
+    start: date,
+    end: date,
+    model: str,
+    model_types: Sequence[str],
 ) -> BarChart:
     """One model type's tokens per day (the user's plan page draws one per type)."""
     days = [start + timedelta(days=n) for n in range((end - start).days + 1)]
     tokens = {row.day: row.total_tokens for row in rows if row.model == model}
-    return stacked_bars(f"{model}: tokens per day, last {len(days)} days (UTC)", days,
-                        {model: tokens}, "tokens", colours=model_types)
+    return stacked_bars(
+        f"{model}: tokens per day, last {len(days)} days (UTC)",
+        days,
+        {model: tokens},
+        "tokens",
+        colours=model_types,
+    )

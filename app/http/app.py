@@ -24,7 +24,6 @@ from app.http.routes import models as model_routes
 from app.limits.usage_meter import UsageMeter
 
 
-
 def create_api(
     models: ModelRouter,
     keys: KeyVerifier,
@@ -59,9 +58,7 @@ def create_api(
     # A stranger's body is never read; a caller's is read within a deadline and a size cap.
     api.add_middleware(AuthenticateFirst, verifier=keys)
     install_cors(api, cors_origins)
-    api.add_middleware(
-        BodyLimit, max_body_bytes=max_body_bytes, read_timeout_s=body_read_timeout_s
-    )
+    api.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, read_timeout_s=body_read_timeout_s)
     # Outermost, so that refusals of the inner layers (413, CORS) are counted and logged too.
     api.add_middleware(ObservedRequests, in_flight=in_flight or InFlight())
     api.include_router(health.router)

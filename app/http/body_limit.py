@@ -130,9 +130,7 @@ class BodyLimit:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s
-        self._refusals = {
-            413: too_large_body(max_body_bytes), 408: too_slow_body(read_timeout_s)
-        }
+        self._refusals = {413: too_large_body(max_body_bytes), 408: too_slow_body(read_timeout_s)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -265,8 +265,11 @@ class RateLimits:
         try:
             await self._seed(keys, key_keys)
             plan_hold, headers = await self._hold(
-                keys, Ask(limits.concurrent_requests, max_tokens, choices, longest),
-                caller, model_type, Scope.PLAN,
+                keys,
+                Ask(limits.concurrent_requests, max_tokens, choices, longest),
+                caller,
+                model_type,
+                Scope.PLAN,
             )
         except ApiError:
             raise
@@ -279,8 +282,11 @@ class RateLimits:
             each = longest if max_tokens is not None else plan_hold.reserved // choices
             try:
                 key_hold, key_headers = await self._hold(
-                    key_keys, Ask(concurrent, max_tokens, choices, each),
-                    caller, model_type, Scope.KEY,
+                    key_keys,
+                    Ask(concurrent, max_tokens, choices, each),
+                    caller,
+                    model_type,
+                    Scope.KEY,
                 )
             except BaseException as exc:
                 self.release(holds, 0)
@@ -305,11 +311,20 @@ class RateLimits:
         token_window = Window(keys.tokens.amount, seen.tokens, seen.tokens_reset)
         daily_window = Window(keys.daily.amount, seen.daily_tokens, _next_midnight(now))
         if not seen.reserved:
-            budgets = [Window(b.limit, used, _next_month(now))
-                       for b, used in zip(keys.budgets, seen.budgets_used)]
+            budgets = [
+                Window(b.limit, used, _next_month(now))
+                for b, used in zip(keys.budgets, seen.budgets_used)
+            ]
             limit, error = _refusal(
-                model_type, scope, request_window, token_window, daily_window, budgets,
-                seen.in_flight, ask, now,
+                model_type,
+                scope,
+                request_window,
+                token_window,
+                daily_window,
+                budgets,
+                seen.in_flight,
+                ask,
+                now,
             )
             rate_limited(limit, caller.plan, model_type)
             error.headers.update(rate_limit_headers(request_window, token_window, now))
@@ -325,9 +340,13 @@ class RateLimits:
         writes = []
         for hold in holds:
             self.leases.drop(hold.lease)
-            writes.append(self.in_background(self.counters.settle(
-                hold.keys, hold.lease, hold.reserved, tokens, now < hold.window_ends
-            )))
+            writes.append(
+                self.in_background(
+                    self.counters.settle(
+                        hold.keys, hold.lease, hold.reserved, tokens, now < hold.window_ends
+                    )
+                )
+            )
         return asyncio.gather(*writes) if writes else done()
 
     async def _seed(self, *keys: CounterKeys | None) -> None:
@@ -395,8 +414,12 @@ class RateLimits:
                 counted, self._refused = self._refused, {}
                 written, self._refused_round = self._refused_round, None
                 try:
-                    await asyncio.gather(*(self._logged(self.counters.count_request(keys, n))
-                                           for keys, n in counted.values()))
+                    await asyncio.gather(
+                        *(
+                            self._logged(self.counters.count_request(keys, n))
+                            for keys, n in counted.values()
+                        )
+                    )
                 finally:
                     if written is not None and not written.done():
                         written.set_result(None)
@@ -505,8 +528,12 @@ class Scope(Enum):
     """Whose windows refused a request: the user's plan, or the key's own limits."""
 
     PLAN = ("", "your plan's ", "your daily token quota", "Upgrade your plan for a larger quota.")
-    KEY = ("key_", "this API key's ", "this API key's daily token limit",
-           "The key's owner or an operator can raise it.")
+    KEY = (
+        "key_",
+        "this API key's ",
+        "this API key's daily token limit",
+        "The key's owner or an operator can raise it.",
+    )
 
     def __init__(self, label: str, whose: str, daily: str, remedy: str) -> None:
         self.label = label

@@ -95,7 +95,12 @@ class Ask:
 
 
 def reservation(
-    keys: CounterKeys, ask: Ask, requests: int, in_flight: int, tokens: int, daily_tokens: int,
+    keys: CounterKeys,
+    ask: Ask,
+    requests: int,
+    in_flight: int,
+    tokens: int,
+    daily_tokens: int,
     budgets_used: tuple[int, ...] = (),
 ) -> int:
     """The completion tokens admission reserves for a request seen with these counts (its own
@@ -106,11 +111,7 @@ def reservation(
         max(0, keys.daily.amount - daily_tokens),
         *(max(0, budget.limit - used) for budget, used in zip(keys.budgets, budgets_used)),
     )
-    if (
-        requests > keys.requests.amount
-        or in_flight > ask.concurrent_requests
-        or ask.needs > left
-    ):
+    if requests > keys.requests.amount or in_flight > ask.concurrent_requests or ask.needs > left:
         return 0
     if ask.reply_tokens is not None:
         return ask.reply_tokens
@@ -402,20 +403,44 @@ class RedisCounters:
         return self._prefix + key
 
     async def admit(self, keys: CounterKeys, lease: str, ask: Ask) -> Snapshot:
-        names = [self._key(key) for key in (keys.requests_key(), keys.tokens_key(),
-                                            keys.daily_key(), keys.concurrency_key())]
+        names = [
+            self._key(key)
+            for key in (
+                keys.requests_key(),
+                keys.tokens_key(),
+                keys.daily_key(),
+                keys.concurrency_key(),
+            )
+        ]
         names += [self._key(budget.key) for budget in keys.budgets]
         unset = -1
-        count, requests_ttl, used, tokens_ttl, used_today, in_flight, reserved, budgets = (
-            await self._reserve(keys=names, args=[
-                keys.requests.get_expiry(), keys.tokens.get_expiry(), keys.daily.get_expiry(),
-                lease, repr(self._clock()), repr(self.ttl_s),
-                keys.requests.amount, keys.tokens.amount, keys.daily.amount,
+        (
+            count,
+            requests_ttl,
+            used,
+            tokens_ttl,
+            used_today,
+            in_flight,
+            reserved,
+            budgets,
+        ) = await self._reserve(
+            keys=names,
+            args=[
+                keys.requests.get_expiry(),
+                keys.tokens.get_expiry(),
+                keys.daily.get_expiry(),
+                lease,
+                repr(self._clock()),
+                repr(self.ttl_s),
+                keys.requests.amount,
+                keys.tokens.amount,
+                keys.daily.amount,
                 ask.concurrent_requests,
                 unset if ask.reply_tokens is None else ask.reply_tokens,
-                ask.choices, unset if ask.longest is None else ask.longest,
+                ask.choices,
+                unset if ask.longest is None else ask.longest,
                 *(value for b in keys.budgets for value in (b.limit, b.expiry_s)),
-            ])
+            ],
         )
         now = time.time()
         return Snapshot(
@@ -432,13 +457,22 @@ class RedisCounters:
     async def settle(
         self, keys: CounterKeys, lease: str, reserved: int, tokens: int, same_window: bool
     ) -> None:
-        names = [self._key(key) for key in (keys.tokens_key(), keys.daily_key(),
-                                            keys.concurrency_key())]
+        names = [
+            self._key(key) for key in (keys.tokens_key(), keys.daily_key(), keys.concurrency_key())
+        ]
         names += [self._key(budget.key) for budget in keys.budgets]
-        await self._settle(keys=names, args=[
-            reserved, tokens, int(same_window), keys.tokens.get_expiry(),
-            keys.daily.get_expiry(), lease, *(budget.expiry_s for budget in keys.budgets),
-        ])
+        await self._settle(
+            keys=names,
+            args=[
+                reserved,
+                tokens,
+                int(same_window),
+                keys.tokens.get_expiry(),
+                keys.daily.get_expiry(),
+                lease,
+                *(budget.expiry_s for budget in keys.budgets),
+            ],
+        )
 
     async def seed(self, key: str, tokens: int, expiry_s: int) -> None:
         if tokens > 0:

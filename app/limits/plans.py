@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, RootModel, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    RootModel,
+    field_validator,
+    model_validator,
+)
 
 from app.accounts.keystore.schemas import PlanName
 
@@ -45,7 +53,9 @@ class Plan(RootModel[dict[str, ModelTypeLimits]]):
             data = dict(data)
             priority = data.pop(PRIORITY_KEY)
             if type(priority) is not int or not 0 <= priority <= 1000:
-                raise ValueError(f"a plan's priority is a whole number from 0 (first) to 1000, not {priority!r}")
+                raise ValueError(
+                    f"a plan's priority is a whole number from 0 (first) to 1000, not {priority!r}"
+                )
         plan = handler(data)
         plan._priority = priority
         return plan

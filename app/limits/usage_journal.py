@@ -59,8 +59,16 @@ class UsageJournal:
         return _File(path, fd)
 
     def append(self, key: UsageKey, count: UsageCount) -> None:
-        line = json.dumps([key.key_id, key.model_type, key.day.isoformat(), count.requests,
-                           count.prompt_tokens, count.completion_tokens])
+        line = json.dumps(
+            [
+                key.key_id,
+                key.model_type,
+                key.day.isoformat(),
+                count.requests,
+                count.prompt_tokens,
+                count.completion_tokens,
+            ]
+        )
         os.write(self._current.fd, f"{line}\n".encode())
 
     def seal(self) -> list[_File]:
@@ -93,8 +101,9 @@ class UsageJournal:
                     _add(counts, line)
             claimed.append(_File(path, fd))
         if claimed:
-            logger.info("Usage of %d ended replica(s) found on this machine; writing it",
-                        len(claimed))
+            logger.info(
+                "Usage of %d ended replica(s) found on this machine; writing it", len(claimed)
+            )
         return counts, claimed
 
     @staticmethod

@@ -47,4 +47,3 @@ class SaneRequestId:
 def http_middlewares() -> list[Middleware]:
     """Ray Serve's HTTP callback: middlewares it puts in front of its own request-id one."""
     return [Middleware(SaneRequestId)]
-

@@ -83,7 +83,9 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _content_or_tool_calls(self) -> ChatMessage:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content is required (null only on an assistant message with tool_calls)")
+            raise ValueError(
+                "content is required (null only on an assistant message with tool_calls)"
+            )
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a 'tool' message needs the 'tool_call_id' of the call it answers")
         return self
@@ -164,15 +166,23 @@ class ChatCompletionRequest(GenerationFields):
         """Decoding follows a grammar: a JSON response format, or a forced tool call."""
         return bool(
             (self.response_format is not None and self.response_format.type != "text")
-            or (self.tools and (self.tool_choice == "required"
-                                or isinstance(self.tool_choice, NamedToolChoice)))
+            or (
+                self.tools
+                and (
+                    self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+                )
+            )
             or super().constrained
         )
 
     @property
     def reply_limit(self) -> int | None:
         """`max_completion_tokens` is OpenAI's newer name for `max_tokens`; it wins when both are set."""
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
 
     @property
     def include_usage(self) -> bool:

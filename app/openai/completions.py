@@ -22,8 +22,10 @@ class CompletionRequest(GenerationFields):
         Text
         | Annotated[list[Text], Field(min_length=1, max_length=MAX_MESSAGES)]
         | Annotated[list[int], Field(max_length=MAX_TEXT_CHARS)]
-        | Annotated[list[Annotated[list[int], Field(max_length=MAX_TEXT_CHARS)]],
-                    Field(max_length=MAX_MESSAGES)]
+        | Annotated[
+            list[Annotated[list[int], Field(max_length=MAX_TEXT_CHARS)]],
+            Field(max_length=MAX_MESSAGES),
+        ]
     )
     suffix: str | None = None
     best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
@@ -40,8 +42,12 @@ class CompletionRequest(GenerationFields):
                 "best_of other than n is not supported: every candidate generated is "
                 "returned; send n alone"
             )
-        if refused is None and self.echo and self.logprobs is not None and self.stream and (
-            self.choices > 1
+        if (
+            refused is None
+            and self.echo
+            and self.logprobs is not None
+            and self.stream
+            and (self.choices > 1)
         ):
             # vLLM 0.32's stream then fails: only one choice carries the prompt's logprobs.
             return "echo", (

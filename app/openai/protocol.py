@@ -42,13 +42,31 @@ CALLER_FIELDS = frozenset(
 # vLLM's own extensions of the API that its serving layer honours (vLLM's docs, "Extra Parameters").
 VLLM_FIELDS = frozenset(
     {
-        "top_k", "min_p", "repetition_penalty", "length_penalty", "stop_token_ids",
-        "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
-        "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids",
-        "bad_words", "prompt_logprobs", "echo", "add_generation_prompt",
-        "continue_final_message", "add_special_tokens", "chat_template_kwargs",
-        "structured_outputs", "return_tokens_as_token_ids", "return_token_ids", "cache_salt",
-        "documents", "repetition_detection",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "length_penalty",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "ignore_eos",
+        "min_tokens",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "truncate_prompt_tokens",
+        "allowed_token_ids",
+        "bad_words",
+        "prompt_logprobs",
+        "echo",
+        "add_generation_prompt",
+        "continue_final_message",
+        "add_special_tokens",
+        "chat_template_kwargs",
+        "structured_outputs",
+        "return_tokens_as_token_ids",
+        "return_token_ids",
+        "cache_salt",
+        "documents",
+        "repetition_detection",
     }
 )
 # vLLM's hard token masks: on top of a grammar they can leave no token it accepts.
@@ -89,9 +107,12 @@ class GenerationFields(BaseModel):
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    logit_bias: Annotated[
-        dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS)
-    ] | None = None
+    logit_bias: (
+        Annotated[
+            dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS)
+        ]
+        | None
+    ) = None
     user: Name | None = None
     # vLLM's extensions, used by `vllm bench serve` and other vLLM-aware clients.
     ignore_eos: bool | None = None

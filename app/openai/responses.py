@@ -17,8 +17,17 @@ from app.openai.errors import ApiError
 from app.openai.protocol import Seed
 
 BUILT_IN_TOOLS = (
-    "web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use",
-    "computer_use_preview", "mcp", "image_generation", "local_shell", "shell", "apply_patch",
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "computer_use",
+    "computer_use_preview",
+    "mcp",
+    "image_generation",
+    "local_shell",
+    "shell",
+    "apply_patch",
 )
 # Fields of OpenAI's request the service cannot honour, refused when set to anything but
 # their "off" value (SDKs send some of them as null or empty on every call).
@@ -117,16 +126,17 @@ class ResponseCreateRequest(BaseModel):
                 FunctionTool.model_validate(tool)
             except ValueError as exc:
                 raise ApiError(
-                    400, f"Invalid function tool: {_first_error(exc)}.",
-                    param=f"tools[{index}]", code="invalid_value",
+                    400,
+                    f"Invalid function tool: {_first_error(exc)}.",
+                    param=f"tools[{index}]",
+                    code="invalid_value",
                 ) from None
         if isinstance(self.tool_choice, NamedFunction):
             names = [t.get("name") for t in self.tools or ()]
             if self.tool_choice.name not in names:
                 raise ApiError(
                     400,
-                    f"tool_choice names function '{self.tool_choice.name}', which is not in "
-                    "tools.",
+                    f"tool_choice names function '{self.tool_choice.name}', which is not in tools.",
                     param="tool_choice",
                     code="invalid_value",
                 )
@@ -142,10 +152,14 @@ class ResponseCreateRequest(BaseModel):
         conversation), and what the gateway does with the response, for the replica to echo
         (it stores nothing, and resolves no previous id)."""
         body = self.model_dump(
-            exclude_none=True, by_alias=True, exclude={*(self.model_extra or {})},
+            exclude_none=True,
+            by_alias=True,
+            exclude={*(self.model_extra or {})},
         )
         body.update(
-            input=conversation, request_id=response_id, store=self.store,
+            input=conversation,
+            request_id=response_id,
+            store=self.store,
             previous_response_id=self.previous_response_id,
         )
         return body
@@ -155,9 +169,15 @@ def new_response_id() -> str:
     return f"resp_{secrets.token_hex(24)}"
 
 
-def _message(role: str, content: list[dict[str, Any]], item_id: str | None = None) -> dict[str, Any]:
-    return {"id": item_id or f"msg_{secrets.token_hex(24)}", "type": "message", "role": role,
-            "content": content}
+def _message(
+    role: str, content: list[dict[str, Any]], item_id: str | None = None
+) -> dict[str, Any]:
+    return {
+        "id": item_id or f"msg_{secrets.token_hex(24)}",
+        "type": "message",
+        "role": role,
+        "content": content,
+    }
 
 
 def _checked_item(item: dict[str, Any], index: int) -> dict[str, Any]:
@@ -169,8 +189,9 @@ def _checked_item(item: dict[str, Any], index: int) -> dict[str, Any]:
             raise invalid(f"{where}.role", f"role must be one of {', '.join(_ROLES)}")
         content = item.get("content")
         if isinstance(content, str):
-            parts = [{"type": "output_text" if role == "assistant" else "input_text",
-                      "text": content}]
+            parts = [
+                {"type": "output_text" if role == "assistant" else "input_text", "text": content}
+            ]
         elif isinstance(content, list):
             parts = [_checked_part(part, f"{where}.content[{i}]") for i, part in enumerate(content)]
         else:
@@ -238,8 +259,9 @@ def _first_error(exc: ValueError) -> str:
 
 
 def invalid(param: str, message: str) -> ApiError:
-    return ApiError(400, f"Invalid value for '{param}': {message}.", param=param,
-                    code="invalid_value")
+    return ApiError(
+        400, f"Invalid value for '{param}': {message}.", param=param, code="invalid_value"
+    )
 
 
 def unsupported(param: str, message: str) -> ApiError:

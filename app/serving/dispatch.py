@@ -50,7 +50,9 @@ class ModelEndpoint:
         self.handle = handle
         # Our requests and chunks are plain dataclasses and tuples: C pickle instead of Serve's
         # default cloudpickle (a Python-level pickler, paid on every streamed chunk).
-        self._whole = handle.options(request_serialization="pickle", response_serialization="pickle")
+        self._whole = handle.options(
+            request_serialization="pickle", response_serialization="pickle"
+        )
         self._streaming = self._whole.options(stream=True)
         self._feeds = Feeds(self._streaming, feed_min_streams)
         self._info: ModelInfo | None = None

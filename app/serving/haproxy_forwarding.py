@@ -22,13 +22,13 @@ from pathlib import Path
 
 OPTION = "    option forwardfor"
 SUFFIX = ".forwardfor"
-WRAPPER = '''#!{python}
+WRAPPER = """#!{python}
 # Written by app/serving/haproxy_forwarding.py: Ray's HAProxy with X-Forwarded-For.
 import os, sys
 sys.path.insert(0, {project!r})
 from app.serving.haproxy_forwarding import run
 run({real!r}, sys.argv[1:])
-'''
+"""
 
 
 def with_forwardfor(config: str) -> str:
@@ -55,7 +55,7 @@ def run(real: str, args: list[str]) -> None:
     partial = copy.with_name(copy.name + ".tmp")
     partial.write_text(text)
     partial.replace(copy)
-    args = [*args[:at], str(copy), *args[at + 1:]]
+    args = [*args[:at], str(copy), *args[at + 1 :]]
     os.execv(real, [real, *args])
 
 

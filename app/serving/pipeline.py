@@ -91,8 +91,9 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     payload = call.payload()
     prompt_bytes = len(await request.body()) + call.prompt_bytes
     await check_prompt_length(limits, caller, endpoint, model, call.api, payload, prompt_bytes)
-    admission = await limits.admit(caller, endpoint.name, call.reply_tokens, choices=call.choices,
-                                   longest=model.max_model_len)
+    admission = await limits.admit(
+        caller, endpoint.name, call.reply_tokens, choices=call.choices, longest=model.max_model_len
+    )
     record.sent_to(endpoint.name, call.stream)
 
     def settle(prompt_tokens: int, completion_tokens: int) -> asyncio.Future[None]:
@@ -258,7 +259,10 @@ class Tally:
 
 
 async def _relay(
-    call: ApiCall, endpoint: ModelEndpoint, parts: PartStream, tally: Tally,
+    call: ApiCall,
+    endpoint: ModelEndpoint,
+    parts: PartStream,
+    tally: Tally,
     record: RequestRecord,
 ) -> AsyncIterator[bytes]:
     """The stream's parts as the client gets them; a failure ends it with the API's error

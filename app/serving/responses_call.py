@@ -80,7 +80,10 @@ class ResponsesCall:
             return part.data
         event = orjson.loads(part.final)
         await self._keep(event["response"])
-        return part.data + b"event: %s\ndata: %s\n\n" % (event["type"].encode(), orjson.dumps(event))
+        return part.data + b"event: %s\ndata: %s\n\n" % (
+            event["type"].encode(),
+            orjson.dumps(event),
+        )
 
     def error_event(self, error: ApiError) -> bytes:
         return b"event: error\ndata: %s\n\n" % orjson.dumps({"type": "error", **error.body()})

@@ -19,7 +19,7 @@ MIN_TICKS = 50
 
 def ticks(stat: str) -> int:
     """utime + stime (fields 14 and 15 of /proc/PID/stat; the name may hold spaces)."""
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[11]) + int(fields[12])
 
 

@@ -41,9 +41,14 @@ def parse(path: Path) -> list[dict[str, Any]]:
 
 def busy_window(s: list[dict[str, Any]], engine: int) -> tuple[int, int]:
     """First and last sample of the stretch where `engine` used > 30% of a core."""
-    busy = [i for i in range(1, len(s))
-            if (s[i]["P"].get(engine, 0) - s[i - 1]["P"].get(engine, 0)) / TICKS_PER_S
-            / (s[i]["t"] - s[i - 1]["t"]) > 0.3]
+    busy = [
+        i
+        for i in range(1, len(s))
+        if (s[i]["P"].get(engine, 0) - s[i - 1]["P"].get(engine, 0))
+        / TICKS_PER_S
+        / (s[i]["t"] - s[i - 1]["t"])
+        > 0.3
+    ]
     return busy[0] - 1, busy[-1]
 
 
@@ -65,8 +70,14 @@ def shares(path: Path) -> dict[str, Any]:
         # a process born inside the window counts from its first sample
         used = sum(s[b]["P"].get(p, 0) - s[a]["P"].get(p, s[b]["P"].get(p, 0)) for p in pids)
         out[role] = 100 * used / TICKS_PER_S / window
-        hot = [(s[b]["H"][k][0] - s[a]["H"].get(k, (s[b]["H"][k][0],))[0],
-                "main" if k[0] == k[1] else s[b]["H"][k][1]) for k in s[b]["H"] if k[0] in pids]
+        hot = [
+            (
+                s[b]["H"][k][0] - s[a]["H"].get(k, (s[b]["H"][k][0],))[0],
+                "main" if k[0] == k[1] else s[b]["H"][k][1],
+            )
+            for k in s[b]["H"]
+            if k[0] in pids
+        ]
         if hot:
             t, name = max(hot)
             out[role + " hot"] = (100 * t / TICKS_PER_S / window, name)
@@ -76,8 +87,10 @@ def shares(path: Path) -> dict[str, Any]:
 def table(folder: Path) -> str:
     runs = {f.stem[4:]: shares(f) for f in sorted(folder.glob("cpu_*.txt"))}
     roles = [r for r, _ in ROLES if any(r in shares_ for shares_ in runs.values())]
-    lines = ["| run | busy window (s) | " + " | ".join(roles) + " |",
-             "|---|---:|" + "---:|" * len(roles)]
+    lines = [
+        "| run | busy window (s) | " + " | ".join(roles) + " |",
+        "|---|---:|" + "---:|" * len(roles),
+    ]
     for run, r in runs.items():
         cells = []
         for role in roles:

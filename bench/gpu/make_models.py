@@ -25,9 +25,14 @@ def main(tiny: Path, big: Path, shape: str = "1b") -> None:
     ensure(tiny)
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), **SHAPES[shape], num_attention_heads=32, num_key_value_heads=8,
-        max_position_embeddings=4096, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        **SHAPES[shape],
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         torch_dtype="bfloat16",
     )
     if shape != "1b":  # made in bf16 at once (8b: 30 GB in float32); 1b as it always was

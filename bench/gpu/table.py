@@ -11,8 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-FIGURES = ("output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms",
-           "median_itl_ms", "p99_itl_ms", "median_e2el_ms")
+FIGURES = (
+    "output_throughput",
+    "request_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "median_e2el_ms",
+)
 STACKS = {"bare": "bare vLLM", "ours": "ServiceAi"}
 
 
@@ -22,16 +29,20 @@ def medians(folder: Path) -> dict[tuple[str, int], dict[str, Any]]:
         m = re.match(r".*_(bare|ours)_c(\d+)_r\d+\.json", f.name)
         if m:
             runs.setdefault((m[1], int(m[2])), []).append(json.loads(f.read_text()))
-    return {key: {k: statistics.median(r[k] for r in rs) for k in FIGURES}
-            | {"rounds": len(rs), "failed": sum(r.get("failed", 0) for r in rs)}
-            for key, rs in runs.items()}
+    return {
+        key: {k: statistics.median(r[k] for r in rs) for k in FIGURES}
+        | {"rounds": len(rs), "failed": sum(r.get("failed", 0) for r in rs)}
+        for key, rs in runs.items()
+    }
 
 
 def table(folder: Path) -> str:
     med = medians(folder)
-    lines = ["| c | stack | rounds | output tok/s | req/s | TTFT p50 / p99 (ms) | "
-             "ITL p50 / p99 (ms) | E2E p50 (ms) | tok/s vs bare | TTFT p50 vs bare |",
-             "|---:|---|---:|---:|---:|---|---|---:|---:|---:|"]
+    lines = [
+        "| c | stack | rounds | output tok/s | req/s | TTFT p50 / p99 (ms) | "
+        "ITL p50 / p99 (ms) | E2E p50 (ms) | tok/s vs bare | TTFT p50 vs bare |",
+        "|---:|---|---:|---:|---:|---|---|---:|---:|---:|",
+    ]
     for c in sorted({c for _, c in med}):
         bare = med.get(("bare", c))
         for stack, name in STACKS.items():
@@ -45,7 +56,8 @@ def table(folder: Path) -> str:
                 f"| {c} | {name}{failed} | {d['rounds']} | {d['output_throughput']:.0f} | "
                 f"{d['request_throughput']:.1f} | {d['median_ttft_ms']:.1f} / "
                 f"{d['p99_ttft_ms']:.1f} | {d['median_itl_ms']:.2f} / {d['p99_itl_ms']:.1f} | "
-                f"{d['median_e2el_ms']:.0f} | {tok} | {ttft} |")
+                f"{d['median_e2el_ms']:.0f} | {tok} | {ttft} |"
+            )
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ from vllm.renderers.inputs.preprocess import extract_prompt_len
 from deployments.vllm_engine.forced_tool_calls import is_forced
 from deployments.vllm_engine.replies import Event, refusal, stream_failure
 
-_ERROR_EVENT = "data: {\"error\""
+_ERROR_EVENT = 'data: {"error"'
 
 
 def compact_json(text: str) -> str:
@@ -115,4 +115,3 @@ class CompletionApi(_SseApi):
         """The longest of the request's prompts."""
         rendered = await self._serving.render_completion_request(request)
         return rendered if isinstance(rendered, ErrorResponse) else self._longest(rendered)
-

@@ -46,7 +46,9 @@ def count_this_request() -> EngineTokens:
 class CountingEngineClient:
     """The AsyncLLM the serving layer sees, with `generate` counting tokens per API request."""
 
-    def __init__(self, engine: AsyncLLM, stream_interval: Callable[[int], int] | None = None) -> None:
+    def __init__(
+        self, engine: AsyncLLM, stream_interval: Callable[[int], int] | None = None
+    ) -> None:
         """`stream_interval`: tokens per streamed chunk for an engine request's priority."""
         self._engine = engine
         self._stream_interval = stream_interval
@@ -54,8 +56,9 @@ class CountingEngineClient:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    async def generate(self, prompt: Any, sampling_params: Any, request_id: str, *args: Any,
-                       **kwargs: Any) -> AsyncIterator[Any]:
+    async def generate(
+        self, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any
+    ) -> AsyncIterator[Any]:
         count = _counted.get(None)
         kind = getattr(sampling_params, "output_kind", None)
         whole = count is not None and kind == RequestOutputKind.FINAL_ONLY
@@ -68,7 +71,9 @@ class CountingEngineClient:
         if kind == RequestOutputKind.DELTA and self._stream_interval is not None:
             interval = self._stream_interval(kwargs.get("priority", 0))
             if interval > 1:
-                sampling_params.stream_interval = max(sampling_params.stream_interval or 1, interval)
+                sampling_params.stream_interval = max(
+                    sampling_params.stream_interval or 1, interval
+                )
         generator = self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs)
         if count is None:
             async for output in generator:

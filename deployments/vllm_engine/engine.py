@@ -141,14 +141,21 @@ class VllmEngine:
             gate = PriorityGate(slots, reserved, busy_stream_interval=busy_stream_interval)
         state = State()
         await init_app_state(
-            CountingEngineClient(engine, gate.stream_interval if gate else None), state, namespace,
+            CountingEngineClient(engine, gate.stream_interval if gate else None),
+            state,
+            namespace,
             supported_tasks=await engine.get_supported_tasks(),
         )
         # vLLM's error path reads the uvicorn server its own launcher would have set.
         state.server = argparse.Namespace(should_exit=False)
         served = cls(
-            name, engine, state, tool_call_parser=tool_call_parser,
-            reasoning_parser=reasoning_parser, parser=parser, tool_strict_level=tool_strict_level,
+            name,
+            engine,
+            state,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
+            parser=parser,
+            tool_strict_level=tool_strict_level,
         )
         served.gate = gate
         try:
@@ -169,8 +176,9 @@ class VllmEngine:
             return parts
         return self._gated(parts, body.get("priority", 0), sequences(api, body))
 
-    async def _gated(self, parts: AsyncIterator[ReplyPart], priority: int, size: int
-                     ) -> AsyncIterator[ReplyPart]:
+    async def _gated(
+        self, parts: AsyncIterator[ReplyPart], priority: int, size: int
+    ) -> AsyncIterator[ReplyPart]:
         async with self.gate.slot(priority, size), aclosing(parts):
             async for part in parts:
                 yield part

@@ -44,9 +44,14 @@ class ForcedCallsOnly(ToolParser):
         return ExtractedToolCallInformation(tools_called=False, tool_calls=[], content=model_output)
 
     def extract_tool_calls_streaming(
-        self, previous_text: str, current_text: str, delta_text: str,
-        previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
-        delta_token_ids: Sequence[int], request: Any,
+        self,
+        previous_text: str,
+        current_text: str,
+        delta_text: str,
+        previous_token_ids: Sequence[int],
+        current_token_ids: Sequence[int],
+        delta_token_ids: Sequence[int],
+        request: Any,
     ) -> DeltaMessage | None:
         return DeltaMessage(content=delta_text)
 

@@ -87,15 +87,17 @@ def parse(api: ServedApi, body: dict[str, Any]) -> Any:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ()) if not str(p).startswith("function"))
         error = InvalidGenerationRequest(
-            f"Invalid value for '{param}': {first.get('msg', 'invalid')}." if param
+            f"Invalid value for '{param}': {first.get('msg', 'invalid')}."
+            if param
             else f"Invalid request: {first.get('msg', 'invalid')}."
         )
         error.param = param or None
         raise error from None
 
 
-async def serve(api: ServedApi, body: dict[str, Any], *, batched: bool = True
-                ) -> AsyncIterator[ReplyPart]:
+async def serve(
+    api: ServedApi, body: dict[str, Any], *, batched: bool = True
+) -> AsyncIterator[ReplyPart]:
     """The parts of one request of `api`.
 
     A whole reply: its counts so far every PROGRESS_S while the engine works (parts without

@@ -31,7 +31,11 @@ from deployments.vllm_engine.replies import Event
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # vLLM-only fields of its response object; OpenAI's clients do not know them.
 _VLLM_ONLY = {
-    "kv_transfer_params", "ec_transfer_params", "input_messages", "output_messages", "metrics",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "input_messages",
+    "output_messages",
+    "metrics",
 }
 _ECHOED = ("store", "previous_response_id")
 
@@ -112,8 +116,9 @@ class ResponsesApi:
         """The response as the client gets it: compact call arguments, what the gateway does
         with it echoed, and no forced call that the length limit cut short (as OpenAI)."""
         if self._forced and response.status == "incomplete":
-            response.output = [item for item in response.output
-                               if getattr(item, "type", None) != "function_call"]
+            response.output = [
+                item for item in response.output if getattr(item, "type", None) != "function_call"
+            ]
         _compact_calls(response)
         _echoed(response, self._echo)
 

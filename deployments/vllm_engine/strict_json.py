@@ -22,7 +22,7 @@ import functools
 import re
 from typing import Any
 
-BOUNDED_CHARACTER = r'[^\"\\\r\n]'
+BOUNDED_CHARACTER = r"[^\"\\\r\n]"
 """One character of a length-bounded string, as xgrammar 0.2.8 prints it (a rule of its own,
 or inline where the bound is 1)."""
 JSON_CHARACTER = "serviceai_json_character"

@@ -26,6 +26,7 @@ def serve_response(kind=DeploymentResponse, answer: object = None, assigned: boo
     an exception); unassigned, it waits for Serve to find a replica, as while none is left."""
     future = asyncio.get_running_loop().create_future()
     if assigned:
+
         async def get_async():
             if isinstance(answer, Exception):
                 raise answer

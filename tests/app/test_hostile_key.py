@@ -32,9 +32,7 @@ PLANS = Plans.model_validate(app_args()["plans"])
 PRO = "ServiceAi-Pro"
 FREE_PRO_RPM = PLANS.get("free").on(PRO).requests_per_minute
 # About 2 MiB of empty messages: 4.4 s of CPU and 1 GiB in validation before the caps.
-HUGE_BODY = (
-    b'{"model": "ServiceAi-Pro", "messages": [' + b",".join([b"{}"] * 699_000) + b"]}"
-)
+HUGE_BODY = b'{"model": "ServiceAi-Pro", "messages": [' + b",".join([b"{}"] * 699_000) + b"]}"
 
 
 class App:
@@ -58,7 +56,10 @@ async def app(store: KeyStore) -> AsyncIterator[App]:
     storage = open_counters(REDIS_URL, key_prefix=f"sai-test-{secrets.token_hex(4)}")
     limits = RateLimits(PLANS, storage)
     api = create_api(
-        ModelRouter({}, created=0), KeyVerifier(store), limits, UsageMeter(store),
+        ModelRouter({}, created=0),
+        KeyVerifier(store),
+        limits,
+        UsageMeter(store),
         body_read_timeout_s=0.5,
     )
     transport = httpx.ASGITransport(app=api, raise_app_exceptions=False)
@@ -69,12 +70,17 @@ async def app(store: KeyStore) -> AsyncIterator[App]:
 
 
 async def test_a_stranger_gets_401_before_a_byte_of_the_body_is_read(app):
-    pieces = [HUGE_BODY[start:start + 65536] for start in range(0, len(HUGE_BODY), 65536)]
+    pieces = [HUGE_BODY[start : start + 65536] for start in range(0, len(HUGE_BODY), 65536)]
     exchange = Exchange(pieces)
-    await exchange.run(app.api, http_scope(
-        "/v1/chat/completions", ("authorization", "Bearer sai-" + "x" * 43),
-        ("content-type", "application/json"), ("content-length", str(len(HUGE_BODY))),
-    ))
+    await exchange.run(
+        app.api,
+        http_scope(
+            "/v1/chat/completions",
+            ("authorization", "Bearer sai-" + "x" * 43),
+            ("content-type", "application/json"),
+            ("content-length", str(len(HUGE_BODY))),
+        ),
+    )
     assert exchange.status == 401 and b"invalid_api_key" in exchange.answer
     # The whole answer goes out first; the body is then dropped unparsed, so that the
     # connection ends without a reset.
@@ -84,8 +90,11 @@ async def test_a_stranger_gets_401_before_a_byte_of_the_body_is_read(app):
 async def test_a_stranger_is_refused_first_under_a_route_prefix_too(store):
     """Serve mounts an application at its route_prefix: the path then starts with it."""
     api = create_api(
-        ModelRouter({}, created=0), KeyVerifier(store), RateLimits(PLANS, MemoryCounters()),
-        UsageMeter(store), body_read_timeout_s=0.5,
+        ModelRouter({}, created=0),
+        KeyVerifier(store),
+        RateLimits(PLANS, MemoryCounters()),
+        UsageMeter(store),
+        body_read_timeout_s=0.5,
     )
 
     async def never_sent() -> AsyncIterator[bytes]:
@@ -95,7 +104,8 @@ async def test_a_stranger_is_refused_first_under_a_route_prefix_too(store):
     transport = httpx.ASGITransport(app=api, raise_app_exceptions=False, root_path="/prefixed")
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         response = await client.post(
-            "/prefixed/v1/chat/completions", content=never_sent(),
+            "/prefixed/v1/chat/completions",
+            content=never_sent(),
             headers={**bearer("sai-" + "x" * 43), "content-type": "application/json"},
         )
     assert error_of(response, 401)["code"] == "invalid_api_key"
@@ -104,7 +114,8 @@ async def test_a_stranger_is_refused_first_under_a_route_prefix_too(store):
 async def test_a_huge_message_list_stops_at_the_cap_naming_the_field(app):
     _, key = await app.user()
     response = await app.client.post(
-        "/v1/chat/completions", content=HUGE_BODY,
+        "/v1/chat/completions",
+        content=HUGE_BODY,
         headers={**bearer(key), "content-type": "application/json"},
     )
     error = error_of(response, 400)
@@ -115,8 +126,10 @@ async def test_a_huge_message_list_stops_at_the_cap_naming_the_field(app):
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 257}]},
-         "messages[0].content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 257}]},
+            "messages[0].content",
+        ),
         ({"messages": [{"role": "user", "content": "hi"}], "stop": "x" * 257}, "stop"),
         ({"messages": [{"role": "user", "content": "hi"}], "user": "u" * 257}, "user"),
     ],
@@ -155,7 +168,8 @@ async def test_a_body_that_trickles_in_is_cut_off_with_408(app):
 
     response = await asyncio.wait_for(
         app.client.post(
-            "/v1/chat/completions", content=trickle(),
+            "/v1/chat/completions",
+            content=trickle(),
             headers={**bearer(key), "content-type": "application/json"},
         ),
         timeout=10,
@@ -186,8 +200,10 @@ async def test_an_exhausted_pool_is_503_key_store_unavailable(database_url):
         await Database.open(database_url)  # the schema
         async with engine.connect():  # the pool's one connection, held
             api = create_api(
-                ModelRouter({}, created=0), KeyVerifier(store),
-                RateLimits(PLANS, MemoryCounters()), UsageMeter(store),
+                ModelRouter({}, created=0),
+                KeyVerifier(store),
+                RateLimits(PLANS, MemoryCounters()),
+                UsageMeter(store),
             )
             transport = httpx.ASGITransport(app=api, raise_app_exceptions=False)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
@@ -217,15 +233,18 @@ async def test_a_cursor_into_another_users_list_reads_as_unknown(app):
     other, _ = await app.user()
     mine = await app.client.get("/v1/account/keys?after=key_doesnotexist", headers=bearer(key))
     theirs = await app.client.get(f"/v1/account/keys?after={other.key_id}", headers=bearer(key))
-    assert error_of(theirs, 400)["message"].replace(other.key_id, "X") == error_of(
-        mine, 400
-    )["message"].replace("key_doesnotexist", "X")
+    assert error_of(theirs, 400)["message"].replace(other.key_id, "X") == error_of(mine, 400)[
+        "message"
+    ].replace("key_doesnotexist", "X")
 
 
 async def test_docs_and_openapi_can_be_switched_off(store):
     api = create_api(
-        ModelRouter({}, created=0), KeyVerifier(store), RateLimits(PLANS, MemoryCounters()),
-        UsageMeter(store), api_docs=False,
+        ModelRouter({}, created=0),
+        KeyVerifier(store),
+        RateLimits(PLANS, MemoryCounters()),
+        UsageMeter(store),
+        api_docs=False,
     )
     transport = httpx.ASGITransport(app=api, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:

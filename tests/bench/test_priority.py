@@ -24,13 +24,17 @@ def test_the_table_shows_each_setups_ratio_with_its_interval():
         "pro_under_flood": {"p50_ms": 14.0, "p99_ms": 14.0},
         "free_under_flood": {"p50_ms": 3000.0, "p99_ms": 5000.0},
         "free_tokens_per_s_while_pro_ran": 1500.0,
-        "phases": [{"phase": "alone", "p50_ms": 9.0}, {"phase": "flood", "p50_ms": 14.0},
-                   {"phase": "alone", "p50_ms": 11.0}],
+        "phases": [
+            {"phase": "alone", "p50_ms": 9.0},
+            {"phase": "flood", "p50_ms": 14.0},
+            {"phase": "alone", "p50_ms": 11.0},
+        ],
         "pro_ms": {"alone": alone, "under_flood": loaded},
     }
     row = table({"priority, 1 slot kept": result}).splitlines()[-1]
-    assert row == ("| priority, 1 slot kept | 10 (9 / 11) | 14 / 14 | 1.40x (1.40-1.40) | "
-                   "3000 / 5000 | 1500 |")
+    assert row == (
+        "| priority, 1 slot kept | 10 (9 / 11) | 14 / 14 | 1.40x (1.40-1.40) | 3000 / 5000 | 1500 |"
+    )
 
 
 def test_requests_split_over_phases_as_evenly_as_they_go():

@@ -9,8 +9,13 @@ RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 def _metrics(tok_s: float, ttft: float) -> dict[str, float]:
-    return {"output_throughput": tok_s, "median_ttft_ms": ttft, "p99_ttft_ms": 2 * ttft,
-            "median_itl_ms": 1.5, "p99_itl_ms": 9.0}
+    return {
+        "output_throughput": tok_s,
+        "median_ttft_ms": ttft,
+        "p99_ttft_ms": 2 * ttft,
+        "median_itl_ms": 1.5,
+        "p99_itl_ms": 9.0,
+    }
 
 
 def _summary() -> dict:
@@ -20,9 +25,14 @@ def _summary() -> dict:
         results[f"ours-c{c}"] = _metrics(800, 12)
         results[f"bare-ray-llm-c{c}"] = _metrics(2000, 20)
         results[f"ray-llm-c{c}"] = _metrics(500, 100)
-    return {"date": "2026-11-22-0000", "machine": "2 cores", "rounds": 2,
-            "spec": {"concurrency": {1: 40, 32: 320}}, "contenders": ["ours", "ray-llm"],
-            "results": results}
+    return {
+        "date": "2026-11-22-0000",
+        "machine": "2 cores",
+        "rounds": 2,
+        "spec": {"concurrency": {1: 40, 32: 320}},
+        "contenders": ["ours", "ray-llm"],
+        "results": results,
+    }
 
 
 def test_each_contender_is_compared_with_the_bare_runs_of_its_own_phase():
@@ -31,8 +41,10 @@ def test_each_contender_is_compared_with_the_bare_runs_of_its_own_phase():
     summary["results"]["ray-llm-c32"]["front_end_us_per_token"] = 120.0
     table = report.ray_llm_table(summary)
     assert "| 32 | ServiceAi | 800 (0.80x) | 12.0 (1.20x) | 24.0 | 1.50 / 9.0 | - |" in table
-    assert ("| 32 | Ray Serve LLM, defaults | 500 (0.25x) | 100.0 (5.00x) | 200.0 | 1.50 / 9.0 "
-            "| 120 (2.40x) |") in table
+    assert (
+        "| 32 | Ray Serve LLM, defaults | 500 (0.25x) | 100.0 (5.00x) | 200.0 | 1.50 / 9.0 "
+        "| 120 (2.40x) |"
+    ) in table
 
 
 def test_a_docs_section_is_replaced_between_its_own_markers(tmp_path):
@@ -61,8 +73,12 @@ def test_engine_args_become_the_flags_vllm_serve_parses():
 
     from bench.servers import engine_cli_args
 
-    config = {"max_model_len": 2048, "enable_prefix_caching": True, "enforce_eager": False,
-              "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
+    config = {
+        "max_model_len": 2048,
+        "enable_prefix_caching": True,
+        "enforce_eager": False,
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+    }
     parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
     parsed = parser.parse_args(["--model", "m", *engine_cli_args(config)])
     assert parsed.max_model_len == 2048 and parsed.enable_prefix_caching
@@ -83,14 +99,19 @@ def test_front_end_cpu_per_token_is_reported_against_bare():
 
 def test_a_run_on_another_model_names_it_and_checks_only_the_budget_rows_it_ran():
     summary = _summary()
-    summary["spec"] = {"input_len": 64, "output_len": 64,
-                       "concurrency": {1: 32, 32: 320, 256: 1536}}
+    summary["spec"] = {
+        "input_len": 64,
+        "output_len": 64,
+        "concurrency": {1: 32, 32: 320, 256: 1536},
+    }
     for name in ("bare", "ours"):
         summary["results"][f"{name}-c256"] = dict(summary["results"][f"{name}-c32"])
     summary |= {"model": "/tmp/m1b", "engine_args": {"max_model_len": 2048, "max_num_seqs": 256}}
     table = report.serving_table(summary)
-    assert ('Model: /tmp/m1b; engine args of both servers: {"max_model_len": 2048, '
-            '"max_num_seqs": 256}.') in table
+    assert (
+        'Model: /tmp/m1b; engine args of both servers: {"max_model_len": 2048, '
+        '"max_num_seqs": 256}.'
+    ) in table
     assert "| 256 | 1000 | 800 | 0.80 |" in table
     assert "- FAIL: output tok/s at c=32 >= 0.9x bare" in table
     assert "ITL p50 <= bare + 2 ms (c=1, 8, 32)" not in table  # no c=8 in this run

@@ -8,8 +8,13 @@ from bench import run
 from app.config.service import ServiceConfig
 from bench.servers import bare_command, bench_model_type, service_config, service_model_type
 
-GPU_ENGINE = {"max_model_len": 2048, "max_num_seqs": 256, "dtype": "bfloat16",
-              "kv_cache_memory_bytes": 17179869184, "max_num_batched_tokens": 8192}
+GPU_ENGINE = {
+    "max_model_len": 2048,
+    "max_num_seqs": 256,
+    "dtype": "bfloat16",
+    "kv_cache_memory_bytes": 17179869184,
+    "max_num_batched_tokens": 8192,
+}
 
 
 def plan(*argv: str, gpu: bool = False):
@@ -43,29 +48,43 @@ def test_the_concurrency_list_replaces_the_modes_runs_in_its_order():
     assert target.max_concurrency == 256
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ("1:32,64", "'64' is not CONCURRENCY:PROMPTS"),
-    ("a:b", "'a:b' is not CONCURRENCY:PROMPTS"),
-    ("0:10", "'0:10': both numbers must be >= 1"),
-    ("8:80,8:160", "concurrency 8 is given twice"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("1:32,64", "'64' is not CONCURRENCY:PROMPTS"),
+        ("a:b", "'a:b' is not CONCURRENCY:PROMPTS"),
+        ("0:10", "'0:10': both numbers must be >= 1"),
+        ("8:80,8:160", "concurrency 8 is given twice"),
+    ],
+)
 def test_a_concurrency_list_of_anything_but_pairs_is_refused(capsys, value, message):
     err = refusal(capsys, "--concurrency", value)
     assert f"argument --concurrency: {message}" in err
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ("{max_model_len: 2048}", "not JSON: Expecting property name enclosed in double quotes"),
-    ("[2048]", "must be a JSON object of engine arguments"),
-    ('{"model": "org/m"}', "give the model with --model"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{max_model_len: 2048}", "not JSON: Expecting property name enclosed in double quotes"),
+        ("[2048]", "must be a JSON object of engine arguments"),
+        ('{"model": "org/m"}', "give the model with --model"),
+    ],
+)
 def test_engine_args_must_be_a_json_object_without_the_model(capsys, value, message):
     assert f"argument --engine-args: {message}" in refusal(capsys, "--engine-args", value)
 
 
 def test_on_a_gpu_node_both_servers_serve_the_operators_model_with_the_same_engine_args():
-    _, target = plan("serving", "--model", "org/m", "--engine-args", json.dumps(GPU_ENGINE),
-                     "--concurrency", "1:32,256:1536", gpu=True)
+    _, target = plan(
+        "serving",
+        "--model",
+        "org/m",
+        "--engine-args",
+        json.dumps(GPU_ENGINE),
+        "--concurrency",
+        "1:32,256:1536",
+        gpu=True,
+    )
     # vLLM's defaults plus the given args: none of the local profile's (eager, 512 MiB of KV)
     assert target.engine_args == GPU_ENGINE
 
@@ -75,7 +94,7 @@ def test_on_a_gpu_node_both_servers_serve_the_operators_model_with_the_same_engi
     command = bare_command(target, 8100)
     assert command[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "org/m"]
     assert command[command.index("--served-model-name") + 1] == "ServiceAi-Fast"
-    flags = command[command.index("--disable-uvicorn-access-log") + 1:]
+    flags = command[command.index("--disable-uvicorn-access-log") + 1 :]
     vllm_serve = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
     parsed = vllm_serve.parse_args(["--model", "m", *flags])
     assert (parsed.max_model_len, parsed.max_num_seqs, parsed.dtype) == (2048, 256, "bfloat16")
@@ -116,6 +135,9 @@ def test_a_local_model_folder_is_given_to_both_servers_as_an_absolute_path(tmp_p
 
 def test_extra_engine_args_go_on_top_of_the_tiny_models_profile():
     _, target = plan("--engine-args", '{"max_num_seqs": 32, "enforce_eager": false}')
-    assert target.engine_args == {**bench_model_type()["engine_args"], "max_num_seqs": 32,
-                                  "enforce_eager": False}
+    assert target.engine_args == {
+        **bench_model_type()["engine_args"],
+        "max_num_seqs": 32,
+        "enforce_eager": False,
+    }
     assert service_model_type(target)["max_ongoing_requests"] == 32

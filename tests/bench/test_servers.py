@@ -45,8 +45,9 @@ def test_sigterm_unwinds_the_bench_and_stops_its_servers():
 # A Ray node's layout as `replica_pids` reads it: replicas are children of a process whose
 # command line names the cluster's temp dir; a model replica's children hold the engine core.
 INGRESS = '(exec -a "ray::ServeReplica:app:Ingress" sleep 60) &'
-MODEL = ('(exec -a "ray::ServeReplica:app:Fast" bash -c '
-         '"(exec -a VLLM::EngineCore sleep 60) & wait") &')
+MODEL = (
+    '(exec -a "ray::ServeReplica:app:Fast" bash -c "(exec -a VLLM::EngineCore sleep 60) & wait") &'
+)
 REPLACED = '(exec -a "ray::ServeReplica:app:Ingress" sleep 2) &'
 
 
@@ -76,8 +77,11 @@ def test_replica_pids_tells_the_model_replica_by_its_engine(tmp_path):
     with ray_node(tmp_path, INGRESS, MODEL, expected=3) as server:
         pids = replica_pids(server, settle_s=0)
         titles = {role: psutil.Process(pid).cmdline()[0] for role, pid in pids.items()}
-    assert titles == {"ingress": "ray::ServeReplica:app:Ingress",
-                      "model": "ray::ServeReplica:app:Fast", "engine_core": "VLLM::EngineCore"}
+    assert titles == {
+        "ingress": "ray::ServeReplica:app:Ingress",
+        "model": "ray::ServeReplica:app:Fast",
+        "engine_core": "VLLM::EngineCore",
+    }
 
 
 def test_replica_pids_waits_out_a_replica_being_replaced(tmp_path):

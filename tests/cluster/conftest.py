@@ -37,14 +37,18 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.cluster)
 
 
-def wait_for(probe: Callable[[], T], timeout_s: float, interval_s: float = 0.5, what: str = "") -> T:
+def wait_for(
+    probe: Callable[[], T], timeout_s: float, interval_s: float = 0.5, what: str = ""
+) -> T:
     """Poll until `probe` returns something truthy; fail with the last value after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = probe()
         if value:
             return value
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}: {value!r}"
+        assert time.monotonic() < deadline, (
+            f"timed out after {timeout_s} s waiting for {what}: {value!r}"
+        )
         time.sleep(interval_s)
 
 
@@ -70,36 +74,69 @@ class Rehearsal:
 
     def ray_list(self, kind: str, *filters: str) -> list[dict[str, Any]]:
         """`ray list KIND --detail` as JSON (actors, nodes, placement-groups)."""
-        command = [str(Path(sys.executable).with_name("ray")), "list", kind, "--detail",
-                   "--format=json", "--limit=10000", f"--address={self.cluster.dashboard_url}"]
+        command = [
+            str(Path(sys.executable).with_name("ray")),
+            "list",
+            kind,
+            "--detail",
+            "--format=json",
+            "--limit=10000",
+            f"--address={self.cluster.dashboard_url}",
+        ]
         for f in filters:
             command.append(f"--filter={f}")
-        result = subprocess.run(command, capture_output=True, text=True, timeout=60,
-                                env={**os.environ, **self.cluster.env}, check=True)
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **self.cluster.env},
+            check=True,
+        )
         return json.loads(result.stdout)
 
     def placement_group(self, group_id: str) -> dict[str, Any]:
         """Ray's own record of a placement group (strategy, bundles, bundle -> node)."""
-        code = ("import json, ray; from ray.util.placement_group import PlacementGroup, placement_group_table;"
-                "from ray._raylet import PlacementGroupID; ray.init(address=%r, log_to_driver=False);"
-                "print(json.dumps(placement_group_table(PlacementGroup(PlacementGroupID.from_hex(%r)))))"
-                % (self.cluster.address, group_id))
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                                env={**os.environ, **self.cluster.env}, check=True)
+        code = (
+            "import json, ray; from ray.util.placement_group import PlacementGroup, placement_group_table;"
+            "from ray._raylet import PlacementGroupID; ray.init(address=%r, log_to_driver=False);"
+            "print(json.dumps(placement_group_table(PlacementGroup(PlacementGroupID.from_hex(%r)))))"
+            % (self.cluster.address, group_id)
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **self.cluster.env},
+            check=True,
+        )
         return json.loads(result.stdout.strip().splitlines()[-1])
 
     def alive_replicas(self, deployment: str) -> list[dict[str, Any]]:
-        return [a for a in self.ray_list("actors", "state=ALIVE")
-                if a["class_name"].startswith("ServeReplica:") and a["class_name"].endswith(f":{deployment}")]
+        return [
+            a
+            for a in self.ray_list("actors", "state=ALIVE")
+            if a["class_name"].startswith("ServeReplica:")
+            and a["class_name"].endswith(f":{deployment}")
+        ]
 
     def ready(self) -> tuple[int, dict[str, Any]]:
         response = httpx.get(f"{self.origin}/ready", timeout=10)
         return response.status_code, response.json()
 
     def chat(self, model: str, **body: Any) -> httpx.Response:
-        return httpx.post(f"{self.origin}/v1/chat/completions", headers=self.headers, timeout=120,
-                          json={"model": model, "messages": [{"role": "user", "content": "hi"}],
-                                "max_tokens": 3, **body})
+        return httpx.post(
+            f"{self.origin}/v1/chat/completions",
+            headers=self.headers,
+            timeout=120,
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3,
+                **body,
+            },
+        )
 
     def serves(self, model: str) -> bool:
         try:
@@ -123,10 +160,16 @@ def rehearsal(request: pytest.FixtureRequest, stack_lock: None) -> Iterator[Rehe
         api_key = asyncio.run(create_api_key(cluster))
         serve_deploy(cluster)
         rehearsal = Rehearsal(cluster, api_key)
-        wait_for(lambda: rehearsal.serves("ServiceAi-Fast"), timeout_s=300, interval_s=2,
-                 what="ServiceAi-Fast to serve after serve deploy")
+        wait_for(
+            lambda: rehearsal.serves("ServiceAi-Fast"),
+            timeout_s=300,
+            interval_s=2,
+            what="ServiceAi-Fast to serve after serve deploy",
+        )
         rehearsal.figures["cluster_up_4_nodes_s"] = round(up_s, 1)
-        rehearsal.figures["serve_deploy_to_first_answer_s"] = round(time.monotonic() - started - up_s, 1)
+        rehearsal.figures["serve_deploy_to_first_answer_s"] = round(
+            time.monotonic() - started - up_s, 1
+        )
         yield rehearsal
         print("\nrehearsal figures:", json.dumps(rehearsal.figures, indent=2))
     finally:

@@ -41,12 +41,20 @@ class StreamOutcome:
 
 
 async def stream_chat(
-    client: httpx.AsyncClient, model: str, max_tokens: int, first_chunk: asyncio.Event | None = None,
+    client: httpx.AsyncClient,
+    model: str,
+    max_tokens: int,
+    first_chunk: asyncio.Event | None = None,
     **body: Any,
 ) -> StreamOutcome:
     outcome = StreamOutcome(model)
-    request = {"model": model, "messages": [{"role": "user", "content": "Tell me a story."}],
-               "max_tokens": max_tokens, "stream": True, **body}
+    request = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        **body,
+    }
     try:
         async with client.stream("POST", "/v1/chat/completions", json=request) as response:
             outcome.status = response.status_code
@@ -94,8 +102,10 @@ class Load:
 
     async def __aenter__(self) -> Load:
         self._client = httpx.AsyncClient(
-            base_url=self.origin, headers={"Authorization": f"Bearer {self.api_key}"},
-            timeout=httpx.Timeout(120, connect=10), limits=httpx.Limits(max_connections=100),
+            base_url=self.origin,
+            headers={"Authorization": f"Bearer {self.api_key}"},
+            timeout=httpx.Timeout(120, connect=10),
+            limits=httpx.Limits(max_connections=100),
         )
         for model, count in self.clients.items():
             self._tasks += [asyncio.create_task(self._client_loop(model)) for _ in range(count)]

@@ -51,8 +51,11 @@ def test_a_type_deployed_before_its_node_joins_is_pending_then_serves(rehearsal)
     # No node offers accelerator_type:H100 yet: Pro's replica cannot be placed.
     status, body = rehearsal.ready()
     assert status == 503, body
-    assert body["model_types"] == {"ServiceAi-Fast": "ready", "ServiceAi-Pro": "pending",
-                                   "ServiceAi-Coder": "ready"}
+    assert body["model_types"] == {
+        "ServiceAi-Fast": "ready",
+        "ServiceAi-Pro": "pending",
+        "ServiceAi-Coder": "ready",
+    }
     assert rehearsal.app_status("ServiceAi-Pro") == "DEPLOYING"
     refused = rehearsal.chat("ServiceAi-Pro")
     assert error_of(refused, 503)["code"] == "model_unavailable"
@@ -60,8 +63,12 @@ def test_a_type_deployed_before_its_node_joins_is_pending_then_serves(rehearsal)
 
     joined = time.monotonic()
     add_node(rehearsal.cluster, LATE_NODE)
-    wait_for(lambda: rehearsal.serves("ServiceAi-Pro"), timeout_s=300, interval_s=2,
-             what="ServiceAi-Pro to serve once its node joined")
+    wait_for(
+        lambda: rehearsal.serves("ServiceAi-Pro"),
+        timeout_s=300,
+        interval_s=2,
+        what="ServiceAi-Pro to serve once its node joined",
+    )
     rehearsal.figures["pro_serves_after_its_node_joined_s"] = round(time.monotonic() - joined, 1)
     wait_for(lambda: rehearsal.ready()[0] == 200, timeout_s=30, what="/ready 200")
     assert rehearsal.app_status("ServiceAi-Pro") == "RUNNING"
@@ -74,8 +81,11 @@ def test_replicas_and_proxies_are_where_the_production_config_puts_them(rehearsa
 
     # proxy_location: EveryNode: a proxy (HAProxy) on the head and on every node that runs a
     # replica, each healthy; clients may connect to any of them.
-    replicas = [a for a in rehearsal.ray_list("actors", "state=ALIVE")
-                if a["class_name"].startswith("ServeReplica:")]
+    replicas = [
+        a
+        for a in rehearsal.ray_list("actors", "state=ALIVE")
+        if a["class_name"].startswith("ServeReplica:")
+    ]
     hosts = {by_name["head"]["node_id"]} | {r["node_id"] for r in replicas}
     assert rehearsal.status()["proxies"] == {node_id: "HEALTHY" for node_id in hosts}
 
@@ -102,9 +112,14 @@ def test_replicas_and_proxies_are_where_the_production_config_puts_them(rehearsa
     assert set(group["bundles_to_node_id"].values()) == {by_name["gpu_h100"]["node_id"]}
     assert replica["node_id"] == by_name["gpu_h100"]["node_id"]
     # Its engine runs both shards (vLLM CPU: as processes of the replica, see deployments/vllm_engine/engine.py).
-    shards = [" ".join(p.cmdline()).strip() for p in psutil.Process(replica["pid"]).children(recursive=True)]
-    assert sorted(s for s in shards if s.startswith("VLLM::Worker_TP")) == ["VLLM::Worker_TP0",
-                                                                            "VLLM::Worker_TP1"]
+    shards = [
+        " ".join(p.cmdline()).strip()
+        for p in psutil.Process(replica["pid"]).children(recursive=True)
+    ]
+    assert sorted(s for s in shards if s.startswith("VLLM::Worker_TP")) == [
+        "VLLM::Worker_TP0",
+        "VLLM::Worker_TP1",
+    ]
 
 
 def test_min_replicas_0_type_serves_its_first_request_after_a_cold_start(rehearsal):
@@ -127,7 +142,9 @@ def replica_ids(rehearsal: Rehearsal, deployment: str) -> set[str]:
 async def test_rolling_update_of_one_type_under_load(rehearsal):
     """`serve deploy` of new engine args for Coder while every type streams."""
     for name in MODEL_TYPES:  # Coder may have scaled to zero
-        wait_for(lambda: rehearsal.serves(name), timeout_s=300, interval_s=2, what=f"{name} serving")
+        wait_for(
+            lambda: rehearsal.serves(name), timeout_s=300, interval_s=2, what=f"{name} serving"
+        )
     before = {name: replica_ids(rehearsal, name) for name in (*MODEL_TYPES, "Ingress")}
     coder = type_args("ServiceAi-Coder")
     new_max_model_len = 256
@@ -139,33 +156,59 @@ async def test_rolling_update_of_one_type_under_load(rehearsal):
     # two shards sync every step and crawl when other engines hold the cores: short replies.
     clients = {name: 1 for name in MODEL_TYPES}
     async with Load(rehearsal.origin, rehearsal.api_key, clients, {"ServiceAi-Pro": 8}) as load:
-        await wait_for_async(lambda: all(load.tally(m)["completed"] for m in MODEL_TYPES),
-                             timeout_s=180, what="streams to every type")
-        assert (await asyncio.to_thread(rehearsal.chat, "ServiceAi-Coder", **probe)).status_code == 200
+        await wait_for_async(
+            lambda: all(load.tally(m)["completed"] for m in MODEL_TYPES),
+            timeout_s=180,
+            what="streams to every type",
+        )
+        assert (
+            await asyncio.to_thread(rehearsal.chat, "ServiceAi-Coder", **probe)
+        ).status_code == 200
         deployed = time.monotonic()
-        await asyncio.to_thread(rehearsal.deploy, model_types={"ServiceAi-Coder": {
-            "engine_args": {**coder["engine_args"], "max_model_len": new_max_model_len}}})
+        await asyncio.to_thread(
+            rehearsal.deploy,
+            model_types={
+                "ServiceAi-Coder": {
+                    "engine_args": {**coder["engine_args"], "max_model_len": new_max_model_len}
+                }
+            },
+        )
 
         def new_engine_answers() -> bool:
             response = rehearsal.chat("ServiceAi-Coder", **probe)
             assert response.status_code in (200, 400, 503), response.text
             if response.status_code == 503:
                 assert int(response.headers["retry-after"]) > 0
-            return response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+            return (
+                response.status_code == 400
+                and response.json()["error"]["code"] == "context_length_exceeded"
+            )
 
         # Serve starts the new replica before it stops the old one; its engine starts on two
         # cores that every type's engines keep busy: 146.6 s and 182.2 s in two runs, 629.6 s
         # in a CI run of 2026-11-24 (the controller's "started successfully ... after").
         await wait_for_async(new_engine_answers, timeout_s=900, what="the new Coder engine")
-        rehearsal.figures["rolling_update_new_replica_served_s"] = round(time.monotonic() - deployed, 1)
-        await wait_for_async(lambda: rehearsal.app_status("ServiceAi-Coder") == "RUNNING"
-                             and not replica_ids(rehearsal, "ServiceAi-Coder") & before["ServiceAi-Coder"],
-                             timeout_s=120, what="the old Coder replica gone")
+        rehearsal.figures["rolling_update_new_replica_served_s"] = round(
+            time.monotonic() - deployed, 1
+        )
+        await wait_for_async(
+            lambda: (
+                rehearsal.app_status("ServiceAi-Coder") == "RUNNING"
+                and not replica_ids(rehearsal, "ServiceAi-Coder") & before["ServiceAi-Coder"]
+            ),
+            timeout_s=120,
+            what="the old Coder replica gone",
+        )
         served_before = load.tally("ServiceAi-Coder")["completed"]
-        await wait_for_async(lambda: load.tally("ServiceAi-Coder")["completed"] >= served_before + 2,
-                             timeout_s=60, what="streams on the new Coder replica")
+        await wait_for_async(
+            lambda: load.tally("ServiceAi-Coder")["completed"] >= served_before + 2,
+            timeout_s=60,
+            what="streams on the new Coder replica",
+        )
 
-    rehearsal.figures["rolling_update_ingress_replaced"] = not replica_ids(rehearsal, "Ingress") & before["Ingress"]
+    rehearsal.figures["rolling_update_ingress_replaced"] = (
+        not replica_ids(rehearsal, "Ingress") & before["Ingress"]
+    )
     rehearsal.figures["rolling_update_streams"] = {m: dict(load.tally(m)) for m in MODEL_TYPES}
     rehearsal.figures["rolling_update_statuses"] = {m: dict(load.statuses(m)) for m in MODEL_TYPES}
     # The ingress's args name the types only: a change to one type leaves its replicas alone.
@@ -176,7 +219,8 @@ async def test_rolling_update_of_one_type_under_load(rehearsal):
     # The changed type: streams finish, or end with an error event and [DONE]; a refusal is
     # a 503 with Retry-After; never a hang, a truncated stream or another 5xx.
     assert load.tally("ServiceAi-Coder")["broken"] == 0, [
-        o for o in load.outcomes if o.kind == "broken"]
+        o for o in load.outcomes if o.kind == "broken"
+    ]
 
 
 def steady(rehearsal: Rehearsal, deployment: str, replicas: int) -> bool:
@@ -191,19 +235,29 @@ async def test_a_type_scales_up_under_concurrent_streams_and_back_down(rehearsal
     # One flap (2026-11-24, before the rolling update changed Coder alone): the surge replica
     # waited for the GPU share of a replica still in its graceful shutdown; hence `steady`.
     autoscaling = type_args("ServiceAi-Fast")["autoscaling_config"]
-    await wait_for_async(lambda: steady(rehearsal, "ServiceAi-Fast", autoscaling["min_replicas"]),
-                         timeout_s=180, what="Fast at its minimum, nothing starting or stopping")
-    async with Load(rehearsal.origin, rehearsal.api_key, {"ServiceAi-Fast": 8}, default_tokens=200,
-                    pause_s=0) as load:
+    await wait_for_async(
+        lambda: steady(rehearsal, "ServiceAi-Fast", autoscaling["min_replicas"]),
+        timeout_s=180,
+        what="Fast at its minimum, nothing starting or stopping",
+    )
+    async with Load(
+        rehearsal.origin, rehearsal.api_key, {"ServiceAi-Fast": 8}, default_tokens=200, pause_s=0
+    ) as load:
         started = time.monotonic()
         # The new replica starts its engine on two cores that eight streams keep busy: 65.6 s
         # in one run, 139.3 s (CI) and 178.8 s in others.
-        await wait_for_async(lambda: running(rehearsal, "ServiceAi-Fast") == autoscaling["max_replicas"],
-                             timeout_s=300, what="Fast scaled up")
+        await wait_for_async(
+            lambda: running(rehearsal, "ServiceAi-Fast") == autoscaling["max_replicas"],
+            timeout_s=300,
+            what="Fast scaled up",
+        )
         rehearsal.figures["autoscale_up_s"] = round(time.monotonic() - started, 1)
     stopped = time.monotonic()
-    await wait_for_async(lambda: running(rehearsal, "ServiceAi-Fast") == autoscaling["min_replicas"],
-                         timeout_s=180, what="Fast scaled down")
+    await wait_for_async(
+        lambda: running(rehearsal, "ServiceAi-Fast") == autoscaling["min_replicas"],
+        timeout_s=180,
+        what="Fast scaled down",
+    )
     rehearsal.figures["autoscale_down_after_load_s"] = round(time.monotonic() - stopped, 1)
     rehearsal.figures["autoscale_streams"] = dict(load.tally("ServiceAi-Fast"))
     assert set(load.tally("ServiceAi-Fast")) == {"completed"}, load.tally("ServiceAi-Fast")
@@ -212,8 +266,9 @@ async def test_a_type_scales_up_under_concurrent_streams_and_back_down(rehearsal
 async def test_a_lost_worker_node_ends_its_streams_and_serves_again_once_back(rehearsal):
     cluster = rehearsal.cluster
     ingress = replica_ids(rehearsal, "Ingress")
-    async with httpx.AsyncClient(base_url=rehearsal.origin, headers=rehearsal.headers,
-                                 timeout=httpx.Timeout(120, connect=10)) as client:
+    async with httpx.AsyncClient(
+        base_url=rehearsal.origin, headers=rehearsal.headers, timeout=httpx.Timeout(120, connect=10)
+    ) as client:
         # The engine must still be generating when the node goes. In one CI run (2026-11-24)
         # all of eight 2,000-token streams completed although the kill came right after
         # their first two chunks: the engine had finished before the clients saw them flow.
@@ -221,9 +276,12 @@ async def test_a_lost_worker_node_ends_its_streams_and_serves_again_once_back(re
         # work. The node goes once the first stream flows; the others are streaming or still
         # wait for the engine (and then get their 503 as a request arriving now would).
         flowing = asyncio.Event()
-        streams = [asyncio.create_task(stream_chat(client, "ServiceAi-Fast", 2000, flowing,
-                                                   ignore_eos=True, n=8))
-                   for _ in range(8)]
+        streams = [
+            asyncio.create_task(
+                stream_chat(client, "ServiceAi-Fast", 2000, flowing, ignore_eos=True, n=8)
+            )
+            for _ in range(8)
+        ]
         await asyncio.wait_for(flowing.wait(), timeout=60)
         lost = time.monotonic()
         await asyncio.to_thread(cluster.kill_node, "gpu_l4")
@@ -244,7 +302,8 @@ async def test_a_lost_worker_node_ends_its_streams_and_serves_again_once_back(re
             assert outcome.done, timing
     rehearsal.figures["lost_node_streams_cut"] = f"{len(cut)} of {len(outcomes)}"
     rehearsal.figures["lost_node_streams_ended_within_s"] = round(
-        max(o.ended_at for o in cut) - lost, 1)
+        max(o.ended_at for o in cut) - lost, 1
+    )
 
     # New requests: 503 model_unavailable with Retry-After while no replica is left.
     def refused() -> httpx.Response | None:
@@ -254,16 +313,23 @@ async def test_a_lost_worker_node_ends_its_streams_and_serves_again_once_back(re
 
     response = wait_for(refused, timeout_s=60, what="503 model_unavailable")
     rehearsal.figures["lost_node_new_request_refused_503_within_s"] = round(
-        time.monotonic() - killed, 1)
+        time.monotonic() - killed, 1
+    )
     assert int(response.headers["retry-after"]) > 0
     assert rehearsal.ready()[1]["model_types"]["ServiceAi-Fast"] == "unavailable"
     assert rehearsal.serves("ServiceAi-Coder") and rehearsal.serves("ServiceAi-Pro")
 
     back = time.monotonic()
     add_node(cluster, "gpu_l4")
-    wait_for(lambda: rehearsal.serves("ServiceAi-Fast"), timeout_s=300, interval_s=2,
-             what="Fast to serve once a worker is back")
-    rehearsal.figures["lost_node_serves_again_after_node_back_s"] = round(time.monotonic() - back, 1)
+    wait_for(
+        lambda: rehearsal.serves("ServiceAi-Fast"),
+        timeout_s=300,
+        interval_s=2,
+        what="Fast to serve once a worker is back",
+    )
+    rehearsal.figures["lost_node_serves_again_after_node_back_s"] = round(
+        time.monotonic() - back, 1
+    )
     # Neither the head nor the ingress was touched.
     assert replica_ids(rehearsal, "Ingress") == ingress
     assert "head" in cluster.nodes and rehearsal.ready()[0] == 200
@@ -279,36 +345,60 @@ def test_a_types_replicas_on_two_nodes_keep_every_conversation_on_its_cache(rehe
     for name in SPARE_L4S:
         rehearsal.cluster.add_node(worker_node_types()["gpu_l4"], name)
     coder = type_args("ServiceAi-Coder")
-    rehearsal.deploy(model_types={
-        "ServiceAi-Fast": {"num_gpus_per_shard": 1,
-                           "autoscaling_config": {"min_replicas": 2, "max_replicas": 2}},
-        # As the rolling update left it: Coder is not restarted again.
-        "ServiceAi-Coder": {"engine_args": {**coder["engine_args"], "max_model_len": 256}},
-    })
+    rehearsal.deploy(
+        model_types={
+            "ServiceAi-Fast": {
+                "num_gpus_per_shard": 1,
+                "autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
+            },
+            # As the rolling update left it: Coder is not restarted again.
+            "ServiceAi-Coder": {"engine_args": {**coder["engine_args"], "max_model_len": 256}},
+        }
+    )
     # Both new replicas start at once, each an engine on two cores beside the others: 62.9 s
     # for the first in one run (146.6-629.6 s for Coder's in the rolling update's runs).
     deployed = time.monotonic()
-    wait_for(lambda: steady(rehearsal, "ServiceAi-Fast", 2)
-             and all(r["required_resources"]["GPU"] == 1
-                     for r in rehearsal.alive_replicas("ServiceAi-Fast")),
-             timeout_s=1200, interval_s=5, what="Fast at two replicas of a whole GPU")
+    wait_for(
+        lambda: (
+            steady(rehearsal, "ServiceAi-Fast", 2)
+            and all(
+                r["required_resources"]["GPU"] == 1
+                for r in rehearsal.alive_replicas("ServiceAi-Fast")
+            )
+        ),
+        timeout_s=1200,
+        interval_s=5,
+        what="Fast at two replicas of a whole GPU",
+    )
     rehearsal.figures["two_nodes_fast_replicas_up_s"] = round(time.monotonic() - deployed, 1)
     nodes = {n["node_id"]: n["node_name"] for n in rehearsal.ray_list("nodes", "state=ALIVE")}
     hosts = [nodes[r["node_id"]] for r in rehearsal.alive_replicas("ServiceAi-Fast")]
     assert len(set(hosts)) == 2 and all(h.startswith("gpu_l4") for h in hosts), hosts
 
     rng = random.Random(32)
-    conversations = [[{"role": "system", "content": " ".join(
-        f"{rng.choice('abcdefghij')}{rng.randrange(1000)}" for _ in range(300))}] for _ in range(6)]
+    conversations = [
+        [
+            {
+                "role": "system",
+                "content": " ".join(
+                    f"{rng.choice('abcdefghij')}{rng.randrange(1000)}" for _ in range(300)
+                ),
+            }
+        ]
+        for _ in range(6)
+    ]
     misses = []
     for turn in range(3):
         for number, messages in enumerate(conversations):
             messages.append({"role": "user", "content": f"turn {turn} of {number}"})
-            response = rehearsal.chat("ServiceAi-Fast", messages=messages, max_tokens=8,
-                                      temperature=0)
+            response = rehearsal.chat(
+                "ServiceAi-Fast", messages=messages, max_tokens=8, temperature=0
+            )
             assert response.status_code == 200, response.text
             reply = response.json()
-            messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+            messages.append(
+                {"role": "assistant", "content": reply["choices"][0]["message"]["content"]}
+            )
             # Only a conversation's own earlier turns share more than a block with it.
             if turn and not reply["usage"]["prompt_tokens_details"]["cached_tokens"]:
                 misses.append((number, turn))

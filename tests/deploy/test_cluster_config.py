@@ -64,9 +64,11 @@ def test_one_gpu_node_type_per_gpu_kind(cluster):
         next(r for r in t["resources"] if r.startswith("accelerator_type:"))
         for t in gpu_types(cluster).values()
     ]
-    assert sorted(kinds) == sorted(set(kinds)) == [
-        "accelerator_type:H100", "accelerator_type:L4", "accelerator_type:L40S"
-    ]
+    assert (
+        sorted(kinds)
+        == sorted(set(kinds))
+        == ["accelerator_type:H100", "accelerator_type:L4", "accelerator_type:L40S"]
+    )
 
 
 def test_head_runs_no_replica_and_gpu_nodes_come_and_go(cluster):

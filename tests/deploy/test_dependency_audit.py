@@ -24,9 +24,25 @@ AUDIT_ALSO = ["vllm==0.32.0"]
 def audit() -> dict:
     audited = CONSTRAINTS.read_text() + "\n".join(AUDIT_ALSO) + "\n"
     result = subprocess.run(
-        [sys.executable, "-m", "pip_audit", "--requirement", "/dev/stdin", "--no-deps",
-         "--disable-pip", "--progress-spinner", "off", "--format", "json", "--timeout", "30"],
-        input=audited, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip_audit",
+            "--requirement",
+            "/dev/stdin",
+            "--no-deps",
+            "--disable-pip",
+            "--progress-spinner",
+            "off",
+            "--format",
+            "json",
+            "--timeout",
+            "30",
+        ],
+        input=audited,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if not result.stdout.strip():
         pytest.skip(f"pip-audit could not run its audit: {result.stderr.strip()[-300:]}")

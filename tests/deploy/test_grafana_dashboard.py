@@ -61,8 +61,7 @@ def test_the_dashboard_parses_and_every_panel_queries_something():
 def test_every_series_is_one_the_service_or_its_engines_export():
     names = {registered(n) for n in metric_names(json.loads(DASHBOARD.read_text()))}
     unknown = {
-        n for n in names
-        if n not in ours() and n not in vllms() and not n.startswith("serve_")
+        n for n in names if n not in ours() and n not in vllms() and not n.startswith("serve_")
     }
     assert not unknown
     # Every series of ours is on the dashboard.

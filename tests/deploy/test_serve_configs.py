@@ -216,12 +216,20 @@ def test_production_serves_real_models_set_in_the_file_only(production):
 
 def test_secrets_come_from_the_environment_only(production):
     ingress_env = applications(production)["serviceai"]["args"]["ingress"]["env_vars"]
-    secrets = {"SERVICEAI_DATABASE_URL", "SERVICEAI_REDIS_URL", "SERVICEAI_ADMIN_TOKEN",
-               "SERVICEAI_SESSION_SECRET"}
+    secrets = {
+        "SERVICEAI_DATABASE_URL",
+        "SERVICEAI_REDIS_URL",
+        "SERVICEAI_ADMIN_TOKEN",
+        "SERVICEAI_SESSION_SECRET",
+    }
     assert secrets <= ingress_env.keys()
     # Switches may be written here; every other value comes from the node's environment.
-    switches = {"SERVICEAI_API_DOCS", "SERVICEAI_ADMIN_API", "SERVICEAI_BODY_READ_TIMEOUT_S",
-                "SERVICEAI_SIGN_UP"}
+    switches = {
+        "SERVICEAI_API_DOCS",
+        "SERVICEAI_ADMIN_API",
+        "SERVICEAI_BODY_READ_TIMEOUT_S",
+        "SERVICEAI_SIGN_UP",
+    }
     envs = [ingress_env] + [m.get("env_vars", {}) for m in model_types(production)]
     for env in envs:
         for name, value in env.items():
@@ -244,14 +252,18 @@ def test_scale_to_zero_only_where_the_guide_states_the_cold_start(production):
 def test_local_profile_still_builds_one_application():
     built = build_serve_config(LOCAL_SERVE_CONFIG)
     assert {(d.app, d.name) for d in built} == {
-        ("serviceai", "Ingress"), ("serviceai", "ServiceAi-Fast"), ("serviceai", "ServiceAi-Pro"),
+        ("serviceai", "Ingress"),
+        ("serviceai", "ServiceAi-Fast"),
+        ("serviceai", "ServiceAi-Pro"),
         ("serviceai", "ServiceAi-Coder"),
     }
     (app,) = load(LOCAL_SERVE_CONFIG)["applications"]
     assert ServeApplicationSchema.model_validate(app).route_prefix == "/"
 
 
-@pytest.mark.parametrize("path", [LOCAL_SERVE_CONFIG, PRODUCTION_SERVE_CONFIG], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [LOCAL_SERVE_CONFIG, PRODUCTION_SERVE_CONFIG], ids=lambda p: p.name
+)
 def test_each_profile_builds_as_serve_runs_it_behind_haproxy(path):
     """Serve refuses some options (a custom request router) on an application's ingress
     deployment only with HAProxy on, as `make run` and production run it: build each profile
@@ -261,7 +273,11 @@ def test_each_profile_builds_as_serve_runs_it_behind_haproxy(path):
         f"build_serve_config(Path({str(path)!r}))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
-        env={**os.environ, "RAY_SERVE_ENABLE_HA_PROXY": "1"}, timeout=300,
+        [sys.executable, "-c", code],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_SERVE_ENABLE_HA_PROXY": "1"},
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -3,13 +3,24 @@ from pydantic import ValidationError
 from ray.serve.config import RequestRouterConfig
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
-from deployments.model_type import REQUEST_ROUTER, TINY_MODEL, ModelTypeConfig, ray_accelerator_types
+from deployments.model_type import (
+    REQUEST_ROUTER,
+    TINY_MODEL,
+    ModelTypeConfig,
+    ray_accelerator_types,
+)
 from deployments.model_server import ModelServer
 
 
 def gpu_type(**fields) -> ModelTypeConfig:
     return ModelTypeConfig.model_validate(
-        {"name": "ServiceAi-Pro", "model": "org/model", "num_gpus_per_shard": 1, "accelerator_type": "A100", **fields}
+        {
+            "name": "ServiceAi-Pro",
+            "model": "org/model",
+            "num_gpus_per_shard": 1,
+            "accelerator_type": "A100",
+            **fields,
+        }
     )
 
 
@@ -28,7 +39,9 @@ def test_cpu_defaults():
         "request_router_config": RequestRouterConfig(
             request_router_class=REQUEST_ROUTER,
             request_router_kwargs={
-                "model_type": "ServiceAi-Fast", "prefix_affinity": True, "max_imbalance": 8,
+                "model_type": "ServiceAi-Fast",
+                "prefix_affinity": True,
+                "max_imbalance": 8,
             },
         ),
     }
@@ -73,7 +86,11 @@ def test_tensor_parallel_uses_one_gpu_bundle_per_shard_on_one_node():
 def test_ray_serve_accepts_the_options_and_translates_the_accelerator_as_nodes_advertise_it():
     one_gpu = ModelServer.options(**gpu_type(accelerator_type="L4").serve_options())
     # Ray's own translation: the resource an L4 node offers as accelerator_type:L4.
-    assert one_gpu._replica_config.resource_dict == {"CPU": 1.0, "GPU": 1.0, "accelerator_type:L4": 0.001}
+    assert one_gpu._replica_config.resource_dict == {
+        "CPU": 1.0,
+        "GPU": 1.0,
+        "accelerator_type:L4": 0.001,
+    }
 
     sharded = ModelServer.options(**gpu_type(tensor_parallel_size=2, num_cpus=4).serve_options())
     # Serve checked that the replica fits bundle 0, where it pins the replica.
@@ -102,7 +119,9 @@ def test_accelerator_types_are_the_ones_ray_knows():
 
 
 def test_engine_kwargs_name_the_logical_type_only():
-    kwargs = ModelTypeConfig(name="ServiceAi-Coder", engine_args={"max_model_len": 4096}).engine_kwargs("/m")
+    kwargs = ModelTypeConfig(
+        name="ServiceAi-Coder", engine_args={"max_model_len": 4096}
+    ).engine_kwargs("/m")
     assert kwargs == {
         "model": "/m",
         "tokenizer": "/m",
@@ -124,20 +143,29 @@ def test_engine_args_override_the_engine_defaults():
 def test_model_env_overrides_the_model():
     config = ModelTypeConfig(name="ServiceAi-Fast", model_env="SERVICEAI_MODEL_FAST")
     assert config.resolved_model({}) == TINY_MODEL
-    assert config.resolved_model({"SERVICEAI_MODEL_FAST": "Qwen/Qwen2.5-0.5B-Instruct"}) == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert (
+        config.resolved_model({"SERVICEAI_MODEL_FAST": "Qwen/Qwen2.5-0.5B-Instruct"})
+        == "Qwen/Qwen2.5-0.5B-Instruct"
+    )
 
 
 @pytest.mark.parametrize(
     ("fields", "fragment"),
     [
-        ({"num_replicas": 2, "autoscaling_config": {"min_replicas": 1}}, "either num_replicas or autoscaling_config"),
+        (
+            {"num_replicas": 2, "autoscaling_config": {"min_replicas": 1}},
+            "either num_replicas or autoscaling_config",
+        ),
         ({"autoscaling_config": {"min_replicas": 3, "max_replicas": 1}}, "autoscaling_config"),
         ({"autoscaling_config": {"no_such_option": 1}}, "no_such_option"),
         ({"engine_args": {"model": "x"}}, "engine_args"),
         ({"accelerator_type": "L4"}, "num_gpus_per_shard"),
         ({"accelerator_type": "A10", "num_gpus_per_shard": 1}, "unknown accelerator_type 'A10'"),
         ({"engine_args": {"distributed_executor_backend": "mp"}}, "distributed_executor_backend"),
-        ({"max_ongoing_requests": 65, "engine_args": {"max_num_seqs": 64}}, "exceeds the engine's max_num_seqs"),
+        (
+            {"max_ongoing_requests": 65, "engine_args": {"max_num_seqs": 64}},
+            "exceeds the engine's max_num_seqs",
+        ),
         ({"max_surge_percent": 101}, "max_surge_percent"),
         ({"tensor_parallel_size": 2}, "num_gpus_per_shard: 1"),
         ({"max_ongoing_requests": 0}, "max_ongoing_requests"),

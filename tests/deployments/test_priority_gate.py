@@ -8,8 +8,14 @@ from deployments.priority_gate import PriorityGate
 from deployments.vllm_engine.engine import sequences
 
 
-async def hold(gate: PriorityGate, priority: int, started: list[int], release: asyncio.Event,
-               size: int = 1, running: list[int] | None = None) -> None:
+async def hold(
+    gate: PriorityGate,
+    priority: int,
+    started: list[int],
+    release: asyncio.Event,
+    size: int = 1,
+    running: list[int] | None = None,
+) -> None:
     async with gate.slot(priority, size):
         started.append(priority)
         if running is not None:
@@ -94,8 +100,7 @@ async def test_a_request_takes_a_slot_per_sequence_and_the_reserve_holds():
     gate = PriorityGate(slots=8, reserved=1)
     started: list[int] = []
     release = asyncio.Event()
-    flood = [asyncio.ensure_future(hold(gate, 10, started, release, size=4))
-             for _ in range(3)]
+    flood = [asyncio.ensure_future(hold(gate, 10, started, release, size=4)) for _ in range(3)]
     await settle()
     assert started == [10] and gate.running == 4 and gate.waiting == 2  # 4 + 4 > 7
     first = asyncio.ensure_future(hold(gate, 0, started, release, size=2))

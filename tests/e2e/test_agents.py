@@ -57,31 +57,42 @@ async def own_client(stack: Stack) -> AsyncIterator[openai.AsyncOpenAI]:
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("api", ["chat", "responses"])
-async def test_the_agents_sdk_forces_its_tool_then_answers_with_the_result(own_client, model,
-                                                                                   api):
+async def test_the_agents_sdk_forces_its_tool_then_answers_with_the_result(own_client, model, api):
     called: list[tuple[str, str, int]] = []
 
     @function_tool
-    def get_weather(city: Literal["Paris", "Berlin", "Rome"], unit: Literal["C", "F"],
-                    days: int) -> str:
+    def get_weather(
+        city: Literal["Paris", "Berlin", "Rome"], unit: Literal["C", "F"], days: int
+    ) -> str:
         """The forecast for a city."""
         called.append((city, unit, days))
         return f"sunny in {city}"
 
-    llm = (OpenAIChatCompletionsModel(model=model, openai_client=own_client) if api == "chat"
-           else OpenAIResponsesModel(model=model, openai_client=own_client))
+    llm = (
+        OpenAIChatCompletionsModel(model=model, openai_client=own_client)
+        if api == "chat"
+        else OpenAIResponsesModel(model=model, openai_client=own_client)
+    )
     settings = dict(max_tokens=300, extra_body={"seed": 3})
     if api == "responses":
         settings["store"] = True
-    agent = Agent(name="forecaster", instructions="Use the tool.", tools=[get_weather],
-                  model=llm, model_settings=ModelSettings(tool_choice="get_weather", **settings),
-                  tool_use_behavior="stop_on_first_tool")
+    agent = Agent(
+        name="forecaster",
+        instructions="Use the tool.",
+        tools=[get_weather],
+        model=llm,
+        model_settings=ModelSettings(tool_choice="get_weather", **settings),
+        tool_use_behavior="stop_on_first_tool",
+    )
 
     first = await Runner.run(agent, "What is the weather in Paris?", max_turns=2)
     # The tool-result turn: the model reads the tool's output and answers, in a structured
     # output (a random model's free text may not end before max_tokens).
-    answering = agent.clone(model_settings=ModelSettings(tool_choice="none", **settings),
-                            tool_use_behavior="run_llm_again", output_type=Answer)
+    answering = agent.clone(
+        model_settings=ModelSettings(tool_choice="none", **settings),
+        tool_use_behavior="run_llm_again",
+        output_type=Answer,
+    )
     second = await Runner.run(answering, first.to_input_list(), max_turns=2)
     [(city, unit, days)] = called
     assert city in ("Paris", "Berlin", "Rome") and unit in ("C", "F") and isinstance(days, int)
@@ -90,18 +101,28 @@ async def test_the_agents_sdk_forces_its_tool_then_answers_with_the_result(own_c
 
 
 @pytest.mark.parametrize("model", MODELS)
-async def test_pydantic_ai_returns_its_output_type_through_a_forced_output_tool(own_client,
-                                                                                  model):
+async def test_pydantic_ai_returns_its_output_type_through_a_forced_output_tool(own_client, model):
     llm = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=own_client))
-    agent = PydanticAgent(llm, output_type=Weather, retries=0,
-                          model_settings={"max_tokens": 300, "extra_body": {"seed": 5}})
+    agent = PydanticAgent(
+        llm,
+        output_type=Weather,
+        retries=0,
+        model_settings={"max_tokens": 300, "extra_body": {"seed": 5}},
+    )
     result = await agent.run("What is the weather in Paris?")
     assert isinstance(result.output, Weather)
 
 
 def langchain_model(stack: Stack, model: str) -> ChatOpenAI:
-    return ChatOpenAI(model=model, base_url=stack.base_url, api_key=stack.api_key,
-                      max_tokens=300, max_retries=0, seed=7, use_responses_api=False)
+    return ChatOpenAI(
+        model=model,
+        base_url=stack.base_url,
+        api_key=stack.api_key,
+        max_tokens=300,
+        max_retries=0,
+        seed=7,
+        use_responses_api=False,
+    )
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -111,8 +132,10 @@ def test_langchain_bind_tools_with_any_returns_parsed_tool_calls(stack, model):
         """The forecast for a city."""
         return "sunny"
 
-    message = langchain_model(stack, model).bind_tools([get_weather], tool_choice="any").invoke(
-        "What is the weather in Paris?"
+    message = (
+        langchain_model(stack, model)
+        .bind_tools([get_weather], tool_choice="any")
+        .invoke("What is the weather in Paris?")
     )
     assert message.tool_calls
     for call in message.tool_calls:

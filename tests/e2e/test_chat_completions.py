@@ -104,7 +104,11 @@ def test_several_choices(client):
     assert response.usage.completion_tokens == 18
     chunks = list(
         client.chat.completions.create(
-            model="ServiceAi-Fast", messages=HELLO, n=2, max_tokens=4, stream=True,
+            model="ServiceAi-Fast",
+            messages=HELLO,
+            n=2,
+            max_tokens=4,
+            stream=True,
             extra_body={"ignore_eos": True},
         )
     )
@@ -115,13 +119,21 @@ def test_several_choices(client):
 def test_conversation_history_and_text_parts(client, tokenizer):
     messages = [
         {"role": "system", "content": "You translate."},
-        {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": " world"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": " world"}],
+        },
         {"role": "assistant", "content": "Bonjour le monde"},
         {"role": "user", "content": "And in German?"},
     ]
-    response = client.chat.completions.create(model="ServiceAi-Fast", messages=messages, max_tokens=3)
+    response = client.chat.completions.create(
+        model="ServiceAi-Fast", messages=messages, max_tokens=3
+    )
     # vLLM joins the text parts of a message with newlines, as `vllm serve` does.
-    flat = [dict(m, content=m["content"] if isinstance(m["content"], str) else "Hello\n world") for m in messages]
+    flat = [
+        dict(m, content=m["content"] if isinstance(m["content"], str) else "Hello\n world")
+        for m in messages
+    ]
     assert response.usage.prompt_tokens == prompt_tokens(tokenizer, flat)
 
 

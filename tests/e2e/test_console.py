@@ -160,9 +160,7 @@ def test_a_wrong_password_is_refused_in_the_browser(stack: Stack, chromium: Brow
         page.close()
 
 
-def test_a_key_scoped_in_the_console_calls_only_its_type(
-    stack: Stack, chromium: Browser, tmp_path
-):
+def test_a_key_scoped_in_the_console_calls_only_its_type(stack: Stack, chromium: Browser, tmp_path):
     """The key form's scopes (the API's): one model type, a monthly budget; the list shows them
     and the key is held to them."""
     stack.secrets.append(PASSWORD)

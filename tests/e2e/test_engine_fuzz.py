@@ -33,52 +33,75 @@ WORDS = "the quick brown fox jumps over lazy dog hello how are you today fine th
 TERMINAL = ("response.completed", "response.incomplete")
 
 SCHEMAS = [
-    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
-     "additionalProperties": False},
-    {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
-                                      "tags": {"type": "array", "items": {"type": "string"},
-                                               "maxItems": 3}},
-     "required": ["city", "tags"], "additionalProperties": False},
-    {"type": "object", "properties": {"n": {"type": "number", "minimum": 0, "maximum": 1},
-                                      "ok": {"type": "boolean"},
-                                      "inner": {"type": "object",
-                                                "properties": {"x": {"type": "string",
-                                                                     "maxLength": 5}},
-                                                "required": ["x"]}},
-     "required": ["n", "ok", "inner"]},
+    {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Rome"]},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        },
+        "required": ["city", "tags"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "n": {"type": "number", "minimum": 0, "maximum": 1},
+            "ok": {"type": "boolean"},
+            "inner": {
+                "type": "object",
+                "properties": {"x": {"type": "string", "maxLength": 5}},
+                "required": ["x"],
+            },
+        },
+        "required": ["n", "ok", "inner"],
+    },
 ]
-FUNCTION = {"name": "get_weather", "description": "The forecast for a city.",
-            "parameters": SCHEMAS[1]}
+FUNCTION = {
+    "name": "get_weather",
+    "description": "The forecast for a city.",
+    "parameters": SCHEMAS[1],
+}
 
 finite = {"allow_nan": False, "allow_infinity": False}
 prompt_lengths = st.sampled_from([1, 8, 64, 300, 900, 1500, 1900, 2000, 2040, 2100])
 reply_lengths = st.one_of(
     st.none(), st.integers(1, 32), st.sampled_from([256, 1000, 1900, 2000, 2040, 2047])
 )
-sampling = st.fixed_dictionaries({}, optional={
-    "seed": st.integers(-(2**63), 2**63 - 1),
-    "temperature": st.floats(0, 2, **finite),
-    "top_p": st.floats(0.01, 1, **finite),
-    "top_k": st.sampled_from([-1, 0, 1, 2, 40, 100_000]),
-    "min_p": st.floats(0, 1, **finite),
-    "frequency_penalty": st.floats(-2, 2, **finite),
-    "presence_penalty": st.floats(-2, 2, **finite),
-    "repetition_penalty": st.floats(0.05, 2, **finite),
-    "logit_bias": st.dictionaries(st.integers(0, VOCAB).map(str), st.floats(-100, 100, **finite),
-                                  max_size=6),
-    "stop": st.lists(st.sampled_from(WORDS + ["\n", "}", "a", "<|im_end|>"]), max_size=4),
-    "min_tokens": st.integers(0, 40),
-    "ignore_eos": st.booleans(),
-    "stop_token_ids": st.lists(st.integers(0, VOCAB), max_size=3),
-    "bad_words": st.lists(st.sampled_from(WORDS), max_size=2),
-    "allowed_token_ids": st.lists(st.integers(0, VOCAB), min_size=1, max_size=20),
-    "prompt_logprobs": st.integers(0, 5),
-    "truncate_prompt_tokens": st.sampled_from([-1, 1, 100, 2047]),
-    "include_stop_str_in_output": st.booleans(),
-    "skip_special_tokens": st.booleans(),
-})
+sampling = st.fixed_dictionaries(
+    {},
+    optional={
+        "seed": st.integers(-(2**63), 2**63 - 1),
+        "temperature": st.floats(0, 2, **finite),
+        "top_p": st.floats(0.01, 1, **finite),
+        "top_k": st.sampled_from([-1, 0, 1, 2, 40, 100_000]),
+        "min_p": st.floats(0, 1, **finite),
+        "frequency_penalty": st.floats(-2, 2, **finite),
+        "presence_penalty": st.floats(-2, 2, **finite),
+        "repetition_penalty": st.floats(0.05, 2, **finite),
+        "logit_bias": st.dictionaries(
+            st.integers(0, VOCAB).map(str), st.floats(-100, 100, **finite), max_size=6
+        ),
+        "stop": st.lists(st.sampled_from(WORDS + ["\n", "}", "a", "<|im_end|>"]), max_size=4),
+        "min_tokens": st.integers(0, 40),
+        "ignore_eos": st.booleans(),
+        "stop_token_ids": st.lists(st.integers(0, VOCAB), max_size=3),
+        "bad_words": st.lists(st.sampled_from(WORDS), max_size=2),
+        "allowed_token_ids": st.lists(st.integers(0, VOCAB), min_size=1, max_size=20),
+        "prompt_logprobs": st.integers(0, 5),
+        "truncate_prompt_tokens": st.sampled_from([-1, 1, 100, 2047]),
+        "include_stop_str_in_output": st.booleans(),
+        "skip_special_tokens": st.booleans(),
+    },
+)
 response_formats = st.one_of(
-    st.just({"type": "text"}), st.just({"type": "json_object"}),
+    st.just({"type": "text"}),
+    st.just({"type": "json_object"}),
     st.sampled_from(SCHEMAS).map(
         lambda s: {"type": "json_schema", "json_schema": {"name": "out", "schema": s}}
     ),
@@ -100,10 +123,14 @@ def text_of(draw, tokenizer) -> str:
 
 @st.composite
 def chat(draw, tokenizer) -> tuple[str, dict]:
-    body = {"model": draw(st.sampled_from(MODEL_TYPES)),
-            "messages": [{"role": "user", "content": draw(text_of(tokenizer))}],
-            "max_tokens": draw(reply_lengths), "n": draw(st.integers(1, 8)),
-            "stream": draw(st.booleans()), **draw(sampling)}
+    body = {
+        "model": draw(st.sampled_from(MODEL_TYPES)),
+        "messages": [{"role": "user", "content": draw(text_of(tokenizer))}],
+        "max_tokens": draw(reply_lengths),
+        "n": draw(st.integers(1, 8)),
+        "stream": draw(st.booleans()),
+        **draw(sampling),
+    }
     if draw(st.booleans()):
         body["logprobs"] = True
         body["top_logprobs"] = draw(st.integers(0, 20))
@@ -121,34 +148,52 @@ def chat(draw, tokenizer) -> tuple[str, dict]:
 @st.composite
 def completion(draw, tokenizer) -> tuple[str, dict]:
     n = draw(st.integers(1, 4))
-    prompt = draw(st.one_of(
-        text_of(tokenizer),
-        prompt_lengths.map(lambda k: [secrets.randbelow(VOCAB) for _ in range(k)]),
-        st.lists(text_of(tokenizer), min_size=1, max_size=3),
-    ))
-    body = {"model": draw(st.sampled_from(MODEL_TYPES)), "prompt": prompt,
-            "max_tokens": draw(reply_lengths), "n": n, "best_of": draw(st.sampled_from([None, n])),
-            "stream": draw(st.booleans()), "logprobs": draw(st.one_of(st.none(),
-                                                                     st.integers(0, 5))),
-            "echo": draw(st.booleans()), **draw(sampling)}
+    prompt = draw(
+        st.one_of(
+            text_of(tokenizer),
+            prompt_lengths.map(lambda k: [secrets.randbelow(VOCAB) for _ in range(k)]),
+            st.lists(text_of(tokenizer), min_size=1, max_size=3),
+        )
+    )
+    body = {
+        "model": draw(st.sampled_from(MODEL_TYPES)),
+        "prompt": prompt,
+        "max_tokens": draw(reply_lengths),
+        "n": n,
+        "best_of": draw(st.sampled_from([None, n])),
+        "stream": draw(st.booleans()),
+        "logprobs": draw(st.one_of(st.none(), st.integers(0, 5))),
+        "echo": draw(st.booleans()),
+        **draw(sampling),
+    }
     return "/v1/completions", _without_none(body)
 
 
 @st.composite
 def response(draw, tokenizer) -> tuple[str, dict]:
-    body = {"model": draw(st.sampled_from(MODEL_TYPES)), "input": draw(text_of(tokenizer)),
-            "max_output_tokens": draw(reply_lengths), "stream": draw(st.booleans()),
-            "store": draw(st.booleans())}
+    body = {
+        "model": draw(st.sampled_from(MODEL_TYPES)),
+        "input": draw(text_of(tokenizer)),
+        "max_output_tokens": draw(reply_lengths),
+        "stream": draw(st.booleans()),
+        "store": draw(st.booleans()),
+    }
     knobs = draw(sampling)
     for name in ("seed", "temperature", "top_p", "ignore_eos"):
         if name in knobs:
             body[name] = knobs[name]
     if draw(st.booleans()):
-        body["text"] = {"format": draw(st.one_of(
-            st.just({"type": "text"}), st.just({"type": "json_object"}),
-            st.sampled_from(SCHEMAS).map(
-                lambda s: {"type": "json_schema", "name": "out", "schema": s}),
-        ))}
+        body["text"] = {
+            "format": draw(
+                st.one_of(
+                    st.just({"type": "text"}),
+                    st.just({"type": "json_object"}),
+                    st.sampled_from(SCHEMAS).map(
+                        lambda s: {"type": "json_schema", "name": "out", "schema": s}
+                    ),
+                )
+            )
+        }
     elif draw(st.booleans()):
         body["tools"] = [{"type": "function", **FUNCTION}]
         choice = draw(tool_choices)
@@ -165,7 +210,8 @@ def _without_none(body: dict) -> dict:
 def wave(tokenizer):
     return st.lists(
         st.one_of(chat(tokenizer), completion(tokenizer), response(tokenizer)),
-        min_size=WAVE_SIZE, max_size=WAVE_SIZE,
+        min_size=WAVE_SIZE,
+        max_size=WAVE_SIZE,
     )
 
 
@@ -206,7 +252,9 @@ def test_no_generated_request_takes_an_engine_down(stack, tokenizer):
     before = engine_cores(stack)
 
     @settings(
-        max_examples=WAVES, deadline=None, database=None,
+        max_examples=WAVES,
+        deadline=None,
+        database=None,
         derandomize=not os.environ.get("SERVICEAI_FUZZ_RANDOM"),
         phases=[Phase.generate],  # a dead engine fails every later wave: nothing to shrink
         suppress_health_check=list(HealthCheck),
@@ -234,8 +282,15 @@ def _user(stack: Stack) -> tuple[str, str]:
     """A user of its own on the largest plan, so that the waves meet few limits and use up
     none of the other tests'."""
     created = serviceai_cli(
-        stack.database_url, "users", "create", "--email", f"{secrets.token_hex(5)}@fuzz.test",
-        "--plan", "pro", "--with-key", "--json",
+        stack.database_url,
+        "users",
+        "create",
+        "--email",
+        f"{secrets.token_hex(5)}@fuzz.test",
+        "--plan",
+        "pro",
+        "--with-key",
+        "--json",
     )
     stack.secrets.append(created["key"]["key"])
     return created["user"]["id"], created["key"]["key"]

@@ -45,8 +45,14 @@ def test_seeded_requests_with_fresh_long_prompts_leave_the_engine_running(stack,
     model = "ServiceAi-Fast"
     before = serving_replica(stack, http, model)
     bodies = [
-        {"model": model, "messages": fresh_prompt(tokenizer, i), "temperature": 0.7,
-         "seed": 1000 + i, "max_tokens": 24, "ignore_eos": True}
+        {
+            "model": model,
+            "messages": fresh_prompt(tokenizer, i),
+            "temperature": 0.7,
+            "seed": 1000 + i,
+            "max_tokens": 24,
+            "ignore_eos": True,
+        }
         for i in range(SEEDED_REQUESTS)
     ]
 
@@ -74,12 +80,17 @@ def test_requests_held_by_an_engine_that_dies_are_told_to_retry(stack, http):
     (a stream that had begun: the error event, then [DONE]); never a 500."""
     model = "ServiceAi-Pro"
     processes = serving_replica(stack, http, model)
-    long = {"model": model, "messages": [{"role": "user", "content": "Tell me a story"}],
-            "max_tokens": 1500, "ignore_eos": True}
+    long = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "max_tokens": 1500,
+        "ignore_eos": True,
+    }
 
     async def in_flight(client: httpx.AsyncClient) -> tuple[list[httpx.Response], list[str]]:
-        whole = [asyncio.ensure_future(client.post("/v1/chat/completions", json=long))
-                 for _ in range(3)]
+        whole = [
+            asyncio.ensure_future(client.post("/v1/chat/completions", json=long)) for _ in range(3)
+        ]
         async with client.stream(
             "POST", "/v1/chat/completions", json={**long, "stream": True}
         ) as stream:
@@ -88,7 +99,8 @@ def test_requests_held_by_an_engine_that_dies_are_told_to_retry(stack, http):
                 await anext(lines)
             await asyncio.to_thread(
                 wait_until,
-                lambda: stack.handle(model).running_requests.remote().result() >= 4, 30,
+                lambda: stack.handle(model).running_requests.remote().result() >= 4,
+                30,
             )
             for core in processes.engine_cores:
                 core.kill()
@@ -97,20 +109,25 @@ def test_requests_held_by_an_engine_that_dies_are_told_to_retry(stack, http):
 
     async def sent_after(client: httpx.AsyncClient) -> list[httpx.Response]:
         hi = {"model": model, "max_tokens": 5}
-        return list(await asyncio.gather(
-            client.post("/v1/chat/completions", json={**hi, "messages": HI}),
-            client.post("/v1/chat/completions", json={**hi, "messages": HI, "stream": True}),
-            # Long enough that a replica measures the prompt before admission.
-            client.post("/v1/chat/completions",
-                        json={**hi, "messages": [{"role": "user", "content": "hi " * 1200}]}),
-            client.post("/v1/completions", json={**hi, "prompt": "hi"}),
-            client.post("/v1/responses", json={"model": model, "input": "hi"}),
-            client.post("/v1/responses", json={"model": model, "input": "hi", "stream": True}),
-        ))
+        return list(
+            await asyncio.gather(
+                client.post("/v1/chat/completions", json={**hi, "messages": HI}),
+                client.post("/v1/chat/completions", json={**hi, "messages": HI, "stream": True}),
+                # Long enough that a replica measures the prompt before admission.
+                client.post(
+                    "/v1/chat/completions",
+                    json={**hi, "messages": [{"role": "user", "content": "hi " * 1200}]},
+                ),
+                client.post("/v1/completions", json={**hi, "prompt": "hi"}),
+                client.post("/v1/responses", json={"model": model, "input": "hi"}),
+                client.post("/v1/responses", json={"model": model, "input": "hi", "stream": True}),
+            )
+        )
 
     async def both() -> tuple[list[httpx.Response], list[str], list[httpx.Response]]:
         async with httpx.AsyncClient(
-            base_url=stack.origin, headers={"Authorization": f"Bearer {stack.api_key}"},
+            base_url=stack.origin,
+            headers={"Authorization": f"Bearer {stack.api_key}"},
             timeout=120,
         ) as client:
             whole, stream = await in_flight(client)
@@ -122,6 +139,11 @@ def test_requests_held_by_an_engine_that_dies_are_told_to_retry(stack, http):
         assert int(response.headers["retry-after"]) > 0
     assert stream[-1] == "data: [DONE]"
     assert json.loads(stream[-2].removeprefix("data: "))["error"]["code"] == "model_unavailable"
-    wait_until(lambda: not processes.replica.is_running()
-               or processes.replica.status() == psutil.STATUS_ZOMBIE, timeout_s=120, interval_s=1)
+    wait_until(
+        lambda: (
+            not processes.replica.is_running() or processes.replica.status() == psutil.STATUS_ZOMBIE
+        ),
+        timeout_s=120,
+        interval_s=1,
+    )
     assert serving_replica(stack, http, model).replica.pid != processes.replica.pid

@@ -43,33 +43,64 @@ class Fault:
 
 
 FAULTS = [
-    Fault("unknown model",
-          bodies("ServiceAi-Nope", **{CHAT: {}, COMPLETION: {}, RESPONSES: {}}),
-          404, "model_not_found", {CHAT: "model", COMPLETION: "model", RESPONSES: "model"}),
-    Fault("a field the service does not know",
-          bodies("ServiceAi-Fast", **{p: {"frobnicate": 1} for p in (CHAT, COMPLETION, RESPONSES)}),
-          400, "unsupported_parameter",
-          {CHAT: "frobnicate", COMPLETION: "frobnicate", RESPONSES: "frobnicate"}),
-    Fault("a reply limit beyond the whole context (and beyond the plan's minute)",
-          bodies("ServiceAi-Pro", **{CHAT: {"max_tokens": 30_000},
-                                     COMPLETION: {"max_tokens": 30_000},
-                                     RESPONSES: {"max_output_tokens": 30_000}}),
-          400, "context_length_exceeded",
-          {CHAT: "max_tokens", COMPLETION: "max_tokens", RESPONSES: "max_output_tokens"}),
-    Fault("a prompt far beyond the context",
-          bodies("ServiceAi-Fast", **{
-              CHAT: {"messages": [{"role": "user", "content": FAR_BEYOND}]},
-              COMPLETION: {"prompt": FAR_BEYOND},
-              RESPONSES: {"input": FAR_BEYOND}}),
-          400, "context_length_exceeded", {CHAT: "messages", COMPLETION: "prompt", RESPONSES: "input"}),
-    Fault("a temperature out of range",
-          bodies("ServiceAi-Fast", **{p: {"temperature": 3} for p in (CHAT, COMPLETION, RESPONSES)}),
-          400, "invalid_value",
-          {CHAT: "temperature", COMPLETION: "temperature", RESPONSES: "temperature"}),
-    Fault("tools on a type without a tool-call parser",
-          bodies("ServiceAi-Coder", **{CHAT: {"tools": TOOL_CHAT},
-                                       RESPONSES: {"tools": TOOL_RESPONSES}}),
-          400, "unsupported_parameter", {CHAT: "tool_choice", RESPONSES: "tool_choice"}),
+    Fault(
+        "unknown model",
+        bodies("ServiceAi-Nope", **{CHAT: {}, COMPLETION: {}, RESPONSES: {}}),
+        404,
+        "model_not_found",
+        {CHAT: "model", COMPLETION: "model", RESPONSES: "model"},
+    ),
+    Fault(
+        "a field the service does not know",
+        bodies("ServiceAi-Fast", **{p: {"frobnicate": 1} for p in (CHAT, COMPLETION, RESPONSES)}),
+        400,
+        "unsupported_parameter",
+        {CHAT: "frobnicate", COMPLETION: "frobnicate", RESPONSES: "frobnicate"},
+    ),
+    Fault(
+        "a reply limit beyond the whole context (and beyond the plan's minute)",
+        bodies(
+            "ServiceAi-Pro",
+            **{
+                CHAT: {"max_tokens": 30_000},
+                COMPLETION: {"max_tokens": 30_000},
+                RESPONSES: {"max_output_tokens": 30_000},
+            },
+        ),
+        400,
+        "context_length_exceeded",
+        {CHAT: "max_tokens", COMPLETION: "max_tokens", RESPONSES: "max_output_tokens"},
+    ),
+    Fault(
+        "a prompt far beyond the context",
+        bodies(
+            "ServiceAi-Fast",
+            **{
+                CHAT: {"messages": [{"role": "user", "content": FAR_BEYOND}]},
+                COMPLETION: {"prompt": FAR_BEYOND},
+                RESPONSES: {"input": FAR_BEYOND},
+            },
+        ),
+        400,
+        "context_length_exceeded",
+        {CHAT: "messages", COMPLETION: "prompt", RESPONSES: "input"},
+    ),
+    Fault(
+        "a temperature out of range",
+        bodies("ServiceAi-Fast", **{p: {"temperature": 3} for p in (CHAT, COMPLETION, RESPONSES)}),
+        400,
+        "invalid_value",
+        {CHAT: "temperature", COMPLETION: "temperature", RESPONSES: "temperature"},
+    ),
+    Fault(
+        "tools on a type without a tool-call parser",
+        bodies(
+            "ServiceAi-Coder", **{CHAT: {"tools": TOOL_CHAT}, RESPONSES: {"tools": TOOL_RESPONSES}}
+        ),
+        400,
+        "unsupported_parameter",
+        {CHAT: "tool_choice", RESPONSES: "tool_choice"},
+    ),
 ]
 
 
@@ -78,8 +109,13 @@ def answers(http: httpx.Client, fault: Fault) -> dict[str, tuple]:
     for path, body in fault.requests.items():
         response = http.post(path, json=body)
         error = error_of(response, response.status_code)
-        found[path] = (response.status_code, error["code"], error["param"],
-                       response.headers.get("x-should-retry"), "retry-after" in response.headers)
+        found[path] = (
+            response.status_code,
+            error["code"],
+            error["param"],
+            response.headers.get("x-should-retry"),
+            "retry-after" in response.headers,
+        )
     return found
 
 
@@ -95,13 +131,24 @@ def test_each_fault_gets_the_same_answer_on_every_api(http, fault):
 def test_a_spent_request_rate_gets_the_same_429_on_every_api(stack: Stack):
     """Refused bodies count against the request rate, on every API alike: ten of them spend
     the free plan's minute on Pro, and the next request of each API is the same 429."""
-    created = serviceai_cli(stack.database_url, "users", "create", "--email",
-                            f"{secrets.token_hex(5)}@parity.test", "--with-key", "--json")
+    created = serviceai_cli(
+        stack.database_url,
+        "users",
+        "create",
+        "--email",
+        f"{secrets.token_hex(5)}@parity.test",
+        "--with-key",
+        "--json",
+    )
     stack.secrets.append(created["key"]["key"])
-    with httpx.Client(base_url=stack.origin, timeout=60,
-                      headers={"Authorization": f"Bearer {created['key']['key']}"}) as http:
-        refused = bodies("ServiceAi-Pro", **{p: {"temperature": 3}
-                                             for p in (CHAT, COMPLETION, RESPONSES)})
+    with httpx.Client(
+        base_url=stack.origin,
+        timeout=60,
+        headers={"Authorization": f"Bearer {created['key']['key']}"},
+    ) as http:
+        refused = bodies(
+            "ServiceAi-Pro", **{p: {"temperature": 3} for p in (CHAT, COMPLETION, RESPONSES)}
+        )
         for i in range(10):
             path = (CHAT, COMPLETION, RESPONSES)[i % 3]
             assert http.post(path, json=refused[path]).status_code == 400
@@ -114,9 +161,13 @@ def test_a_spent_request_rate_gets_the_same_429_on_every_api(stack: Stack):
             counted = {k: v for k, v in response.headers.items() if k.startswith("x-ratelimit")}
             assert response.status_code == 429, (path, response.status_code, counted)
             error = error_of(response, 429)
-            found[path] = (error["code"], error["type"], error["param"],
-                           response.headers.get("x-should-retry"),
-                           int(response.headers["retry-after"]) > 0)
+            found[path] = (
+                error["code"],
+                error["type"],
+                error["param"],
+                response.headers.get("x-should-retry"),
+                int(response.headers["retry-after"]) > 0,
+            )
     assert set(found.values()) == {("rate_limit_exceeded", "requests", None, None, True)}, found
 
 
@@ -125,16 +176,22 @@ def test_a_budget_smaller_than_the_request_answers_as_a_spent_one_on_every_api(s
     `insufficient_quota`, `x-should-retry: false`, the message naming the budget, the same on
     every API (it was a retryable-looking `tokens` 429, which the openai client retried)."""
     email = f"{secrets.token_hex(5)}@parity.test"
-    created = serviceai_cli(stack.database_url, "users", "create", "--email", email,
-                            "--with-key", "--json")
+    created = serviceai_cli(
+        stack.database_url, "users", "create", "--email", email, "--with-key", "--json"
+    )
     stack.secrets.append(created["key"]["key"])
-    serviceai_cli(stack.database_url, "users", "set-budget", email, "--monthly-tokens", "1",
-                  "--json")
+    serviceai_cli(
+        stack.database_url, "users", "set-budget", email, "--monthly-tokens", "1", "--json"
+    )
     found = {}
-    with httpx.Client(base_url=stack.origin, timeout=60,
-                      headers={"Authorization": f"Bearer {created['key']['key']}"}) as http:
-        for path, body in bodies("ServiceAi-Fast", **{CHAT: {}, COMPLETION: {},
-                                                       RESPONSES: {}}).items():
+    with httpx.Client(
+        base_url=stack.origin,
+        timeout=60,
+        headers={"Authorization": f"Bearer {created['key']['key']}"},
+    ) as http:
+        for path, body in bodies(
+            "ServiceAi-Fast", **{CHAT: {}, COMPLETION: {}, RESPONSES: {}}
+        ).items():
             # The key cache holds the user as it was made: wait until it sees the budget.
             deadline = time.monotonic() + 10 * stack.key_cache_ttl_s
             while (response := http.post(path, json=body)).status_code == 200:
@@ -142,7 +199,12 @@ def test_a_budget_smaller_than_the_request_answers_as_a_spent_one_on_every_api(s
                 time.sleep(0.2)
             error = error_of(response, 429)
             assert "monthly token budget (1 tokens)" in error["message"], error["message"]
-            found[path] = (error["type"], error["code"], response.headers.get("x-should-retry"),
-                           "retry-after" in response.headers)
-    assert set(found.values()) == {("insufficient_quota", "insufficient_quota", "false",
-                                    False)}, found
+            found[path] = (
+                error["type"],
+                error["code"],
+                response.headers.get("x-should-retry"),
+                "retry-after" in response.headers,
+            )
+    assert set(found.values()) == {("insufficient_quota", "insufficient_quota", "false", False)}, (
+        found
+    )

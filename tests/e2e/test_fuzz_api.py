@@ -75,8 +75,11 @@ def check_response(label: str, response: requests.Response, sent: list[str] = ()
         # (`'{name[:64]}'`): a match the client itself sent is no leak.
         quoted = [json.dumps(text)[1:-1] for text in sent]
         said = json.dumps(body["error"])
-        leaks = [match.group() for match in INTERNALS.finditer(said)
-                 if not any(match.group() in text for text in quoted)]
+        leaks = [
+            match.group()
+            for match in INTERNALS.finditer(said)
+            if not any(match.group() in text for text in quoted)
+        ]
         assert not leaks, f"{label}: {leaks} in {response.text[:500]}"
     elif response.headers.get("content-type", [""])[0].startswith("text/event-stream"):
         events = [line for line in response.text.splitlines() if line.startswith("data: ")]
@@ -91,8 +94,12 @@ def check_response(label: str, response: requests.Response, sent: list[str] = ()
 def fuzz_key(stack: Stack) -> str:
     """A user of its own, so that what the fuzzer creates or revokes touches no other test."""
     admin = {"Authorization": f"Bearer {stack.admin_token}"}
-    user = httpx.post(f"{stack.origin}/admin/users", headers=admin, json={"email": "fuzz@serviceai.test"})
-    key = httpx.post(f"{stack.origin}/admin/users/{user.json()['id']}/keys", headers=admin).json()["key"]
+    user = httpx.post(
+        f"{stack.origin}/admin/users", headers=admin, json={"email": "fuzz@serviceai.test"}
+    )
+    key = httpx.post(f"{stack.origin}/admin/users/{user.json()['id']}/keys", headers=admin).json()[
+        "key"
+    ]
     stack.secrets.append(key)
     return key
 
@@ -107,14 +114,22 @@ def test_no_5xx_and_every_error_in_the_envelope(stack: Stack, fuzz_key: str, mod
     for operation in operations:
         token = stack.admin_token if operation.path.startswith("/admin") else fuzz_key
 
-        @settings(max_examples=EXAMPLES_PER_ROUTE_AND_MODE, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES_PER_ROUTE_AND_MODE,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=operation.as_strategy(generation_mode=mode))
         def fuzz(case) -> None:
             if operation.path == "/v1/chat/completions":
                 cap_generation(case.body)
-            response = case.call(base_url=stack.origin, session=session, timeout=60,
-                                 headers={"Authorization": f"Bearer {token}"})
+            response = case.call(
+                base_url=stack.origin,
+                session=session,
+                timeout=60,
+                headers={"Authorization": f"Bearer {token}"},
+            )
             sent[operation.label] += 1
             sent_by_client = sent_strings(case.path_parameters, case.query, case.body)
             check_response(f"{operation.label} {case.body!r:.300}", response, sent_by_client)
@@ -123,8 +138,10 @@ def test_no_5xx_and_every_error_in_the_envelope(stack: Stack, fuzz_key: str, mod
             fuzz()
         except Unsatisfiable:
             # A route without parameters or body (GET /health) has no invalid request to draw.
-            assert mode == GenerationMode.NEGATIVE and not operation.body and not any(
-                True for _ in operation.iter_parameters()
+            assert (
+                mode == GenerationMode.NEGATIVE
+                and not operation.body
+                and not any(True for _ in operation.iter_parameters())
             ), operation.label
     print(f"{mode}: {sum(sent.values())} requests", dict(sent))
     assert sum(sent.values()) >= 1000, sent

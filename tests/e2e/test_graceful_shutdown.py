@@ -24,8 +24,13 @@ from tests.e2e.test_stream_lifecycle import wait_until
 
 APP = "drain"
 # Long enough to outlast the ~2 s the ingress needs to drain, short enough to finish in time.
-STREAM = {"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "go"}],
-          "max_tokens": 200, "ignore_eos": True, "stream": True}
+STREAM = {
+    "model": "ServiceAi-Fast",
+    "messages": [{"role": "user", "content": "go"}],
+    "max_tokens": 200,
+    "ignore_eos": True,
+    "stream": True,
+}
 
 
 def drain_app_args(database_url: str, **ingress: object) -> dict:
@@ -71,8 +76,13 @@ def drain(stack, tmp_path: Path) -> Iterator[tuple[str, str, str, str]]:
 
 def stream_across(origin: str, key: str, change: Callable[[], None]) -> list[dict]:
     """Open a stream, apply `change` (in a thread) once it flows, and read the stream to its end."""
-    with httpx.stream("POST", f"{origin}/v1/chat/completions", json=STREAM,
-                      headers={"Authorization": f"Bearer {key}"}, timeout=60) as response:
+    with httpx.stream(
+        "POST",
+        f"{origin}/v1/chat/completions",
+        json=STREAM,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    ) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
         head = [next(lines) for _ in range(3)]
@@ -86,7 +96,10 @@ def stream_across(origin: str, key: str, change: Callable[[], None]) -> list[dic
 
 
 def finished_normally(chunks: list[dict]) -> bool:
-    return not [c for c in chunks if "error" in c] and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    return (
+        not [c for c in chunks if "error" in c]
+        and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    )
 
 
 def test_redeploy_and_shutdown_let_open_streams_finish_and_flush_last_used(drain):
@@ -94,13 +107,18 @@ def test_redeploy_and_shutdown_let_open_streams_finish_and_flush_last_used(drain
     started = int(time.time())
 
     def redeploy() -> None:
-        serve.run(build_app(drain_app_args(database_url, max_ongoing_requests=512)),
-                  name=APP, route_prefix=f"/{APP}")
+        serve.run(
+            build_app(drain_app_args(database_url, max_ongoing_requests=512)),
+            name=APP,
+            route_prefix=f"/{APP}",
+        )
 
     assert finished_normally(stream_across(origin, key, redeploy))
     # The replaced replica writes its last-used time as it stops (the period is an hour); it
     # stops once its stream is done, which may be after the new version is up.
-    wait_until(lambda: (asyncio.run(last_used_at(database_url, key_id)) or 0) >= started, timeout_s=30)
+    wait_until(
+        lambda: (asyncio.run(last_used_at(database_url, key_id)) or 0) >= started, timeout_s=30
+    )
     models = httpx.get(f"{origin}/v1/models", headers={"Authorization": f"Bearer {key}"})
     assert models.status_code == 200
 

@@ -23,7 +23,9 @@ INTERNALS = re.compile(r'Traceback|File "|\.py\b|/work/|site-packages|/tmp/')
 
 def raw(http: httpx.Client, body: bytes, **headers: str) -> httpx.Response:
     return http.post(
-        "/v1/chat/completions", content=body, headers={"Content-Type": "application/json", **headers}
+        "/v1/chat/completions",
+        content=body,
+        headers={"Content-Type": "application/json", **headers},
     )
 
 
@@ -46,8 +48,9 @@ def test_chunked_body_over_the_limit_is_413(http):
             yield b"x" * 65536
         yield b'"}]}'
 
-    response = http.post("/v1/chat/completions", content=chunks(),
-                         headers={"Content-Type": "application/json"})
+    response = http.post(
+        "/v1/chat/completions", content=chunks(), headers={"Content-Type": "application/json"}
+    )
     assert "content-length" not in response.request.headers
     assert clean_error(response, 413)["code"] == "request_too_large"
 
@@ -70,7 +73,8 @@ def test_every_early_answer_arrives_whole(http):
             response = raw(http, stranger, Authorization="Bearer sai-" + "s" * 43)
             return clean_error(response, 401)["code"]
         response = http.post(
-            "/v1/chat/completions", content=declared if kind == 0 else chunks(),
+            "/v1/chat/completions",
+            content=declared if kind == 0 else chunks(),
             headers={"Content-Type": "application/json"},
         )
         return clean_error(response, 413)["code"]
@@ -83,31 +87,45 @@ def test_every_early_answer_arrives_whole(http):
 def test_deeply_nested_json(http):
     for depth in (1_000, 100_000):
         body = b'{"model": "ServiceAi-Fast", "messages": %s, "extra": %s%s}' % (
-            json.dumps(OK_MESSAGES).encode(), b"[" * depth, b"]" * depth
+            json.dumps(OK_MESSAGES).encode(),
+            b"[" * depth,
+            b"]" * depth,
         )
         clean_error(raw(http, body), 400)
-        nested = b'{"model": "ServiceAi-Fast", "messages": [%s%s]}' % (b'{"a":' * depth, b"}" * depth)
+        nested = b'{"model": "ServiceAi-Fast", "messages": [%s%s]}' % (
+            b'{"a":' * depth,
+            b"}" * depth,
+        )
         clean_error(raw(http, nested), 400)
 
 
 def test_invalid_utf8(http):
-    body = b'{"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "\xff\xfe\xc3("}]}'
+    body = (
+        b'{"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "\xff\xfe\xc3("}]}'
+    )
     assert "JSON" in clean_error(raw(http, body), 400)["message"]
 
 
 @pytest.mark.parametrize(
     ("field", "literal"),
-    [("temperature", "NaN"), ("top_p", "Infinity"), ("presence_penalty", "-Infinity"),
-     ("frequency_penalty", "NaN")],
+    [
+        ("temperature", "NaN"),
+        ("top_p", "Infinity"),
+        ("presence_penalty", "-Infinity"),
+        ("frequency_penalty", "NaN"),
+    ],
 )
 def test_nan_and_infinity(http, field, literal):
-    body = b'{"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "hi"}], "%s": %s}' % (
-        field.encode(), literal.encode()
+    body = (
+        b'{"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "hi"}], "%s": %s}'
+        % (field.encode(), literal.encode())
     )
     assert clean_error(raw(http, body), 400)["param"] == field
 
 
-@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens", "seed", "n", "min_tokens"])
+@pytest.mark.parametrize(
+    "field", ["max_tokens", "max_completion_tokens", "seed", "n", "min_tokens"]
+)
 def test_huge_integers(http, field):
     for value in (10**30, -(10**30), 2**63, -(2**63) - 1):
         error = clean_error(http.post("/v1/chat/completions", json={**FAST, field: value}), 400)
@@ -120,7 +138,9 @@ def test_seeds_at_the_edges_of_64_bits(http):
 
 
 def test_ten_thousand_messages(http):
-    messages = [{"role": "user" if i % 2 else "assistant", "content": "hello there"} for i in range(10_000)]
+    messages = [
+        {"role": "user" if i % 2 else "assistant", "content": "hello there"} for i in range(10_000)
+    ]
     error = clean_error(http.post("/v1/chat/completions", json={**FAST, "messages": messages}), 400)
     # Refused by the list's length (OpenAI's cap), before one message is validated.
     assert (error["code"], error["param"]) == ("invalid_value", "messages")
@@ -142,8 +162,16 @@ def test_control_characters(http):
     )
     assert response.status_code == 200 and response.json()["choices"]
     # Unescaped control characters inside a JSON string are not JSON.
-    clean_error(raw(http, b'{"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "\x00\x01"}]}'), 400)
-    error = clean_error(http.post("/v1/chat/completions", json={**FAST, "model": "Fast\x00\n\x1b[31m"}), 404)
+    clean_error(
+        raw(
+            http,
+            b'{"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "\x00\x01"}]}',
+        ),
+        400,
+    )
+    error = clean_error(
+        http.post("/v1/chat/completions", json={**FAST, "model": "Fast\x00\n\x1b[31m"}), 404
+    )
     assert error["param"] == "model"
 
 
@@ -156,7 +184,8 @@ def test_a_model_of_one_megabyte(http):
 
 def test_header_names_of_odd_case(stack):
     response = httpx.post(
-        f"{stack.base_url}/chat/completions", content=json.dumps(FAST),
+        f"{stack.base_url}/chat/completions",
+        content=json.dumps(FAST),
         headers={"aUtHoRiZaTiOn": f"bEaReR {stack.api_key}", "CONTENT-TYPE": "Application/JSON"},
     )
     assert response.status_code == 200, response.text
@@ -164,7 +193,9 @@ def test_header_names_of_odd_case(stack):
 
 def test_duplicated_headers(stack):
     def post(headers: list[tuple[str, str]]) -> httpx.Response:
-        return httpx.post(f"{stack.base_url}/chat/completions", content=json.dumps(FAST), headers=headers)
+        return httpx.post(
+            f"{stack.base_url}/chat/completions", content=json.dumps(FAST), headers=headers
+        )
 
     good = ("Authorization", f"Bearer {stack.api_key}")
     json_type = ("Content-Type", "application/json")
@@ -179,5 +210,7 @@ def test_duplicated_headers(stack):
 
 
 def test_still_serving_after_all_that(client):
-    reply = client.chat.completions.create(model="ServiceAi-Fast", messages=OK_MESSAGES, max_tokens=3)
+    reply = client.chat.completions.create(
+        model="ServiceAi-Fast", messages=OK_MESSAGES, max_tokens=3
+    )
     assert reply.choices[0].message.role == "assistant"

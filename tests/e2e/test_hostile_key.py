@@ -38,8 +38,10 @@ def hardened(stack: Stack) -> Iterator[tuple[str, str]]:
     deadline, and a `tight` plan of 100 tokens a minute. (Its base URL, its Redis prefix.)"""
     prefix = f"sai-e2e-{secrets.token_hex(4)}"
     free = app_args()["plans"]["free"]
-    tight = {t: dict(limits, tokens_per_minute=CLAMPED_TOKENS_PER_MINUTE, concurrent_requests=8)
-             for t, limits in type_limits(free).items()}
+    tight = {
+        t: dict(limits, tokens_per_minute=CLAMPED_TOKENS_PER_MINUTE, concurrent_requests=8)
+        for t, limits in type_limits(free).items()
+    }
     env = {
         "SERVICEAI_REDIS_URL": REDIS_URL,
         "SERVICEAI_REDIS_KEY_PREFIX": prefix,
@@ -51,7 +53,9 @@ def hardened(stack: Stack) -> Iterator[tuple[str, str]]:
         "SERVICEAI_ADMIN_API": "false",
         "SERVICEAI_SIGN_IN_LIMIT_PER_ADDRESS": "2/minute",
     }
-    with ingress_app(stack, "hardened", env=env, plans=dict(app_args()["plans"], tight=tight)) as url:
+    with ingress_app(
+        stack, "hardened", env=env, plans=dict(app_args()["plans"], tight=tight)
+    ) as url:
         yield url, prefix
     client = redis.Redis.from_url(REDIS_URL)
     keys = list(client.scan_iter(f"{prefix}:*"))
@@ -65,7 +69,9 @@ def test_a_huge_body_is_refused_at_once_and_a_strangers_is_never_parsed(stack):
     with httpx.Client(base_url=stack.base_url, timeout=60) as http:
         headers = {"content-type": "application/json"}
         started = time.perf_counter()
-        response = http.post("/chat/completions", content=HUGE_BODY, headers={**headers, **bearer(key)})
+        response = http.post(
+            "/chat/completions", content=HUGE_BODY, headers={**headers, **bearer(key)}
+        )
         error = error_of(response, 400)
         assert error["param"] == "messages" and "at most 2048 items" in error["message"]
         stranger = http.post(
@@ -74,8 +80,11 @@ def test_a_huge_body_is_refused_at_once_and_a_strangers_is_never_parsed(stack):
         assert error_of(stranger, 401)["code"] == "invalid_api_key"
         assert time.perf_counter() - started < 30  # a generous bound; the figure is in the README
         # The stack still serves everyone else.
-        ok = http.post("/chat/completions", json={"model": FAST, "messages": HI, "max_tokens": 1},
-                       headers=bearer(stack.api_key))
+        ok = http.post(
+            "/chat/completions",
+            json={"model": FAST, "messages": HI, "max_tokens": 1},
+            headers=bearer(stack.api_key),
+        )
         assert ok.status_code == 200
 
 
@@ -83,7 +92,9 @@ def test_a_reply_without_max_tokens_stops_at_what_the_plan_has_left(stack, harde
     base_url, _ = hardened
     _, key = new_user(stack, plan="tight")
     response = httpx.post(
-        f"{base_url}/chat/completions", headers=bearer(key), timeout=120,
+        f"{base_url}/chat/completions",
+        headers=bearer(key),
+        timeout=120,
         json={"model": FAST, "messages": HI, "n": 2, "ignore_eos": True},
     )
     assert response.status_code == 200, response.text
@@ -102,9 +113,16 @@ def test_a_client_that_leaves_before_the_first_event_frees_its_slot_and_pays(sta
     with httpx.Client(timeout=60) as http:
         for _ in range(3):
             with http.stream(
-                "POST", f"{base_url}/chat/completions", headers=bearer(key),
-                json={"model": FAST, "messages": HI, "stream": True, "ignore_eos": True,
-                      "max_tokens": 1500},
+                "POST",
+                f"{base_url}/chat/completions",
+                headers=bearer(key),
+                json={
+                    "model": FAST,
+                    "messages": HI,
+                    "stream": True,
+                    "ignore_eos": True,
+                    "max_tokens": 1500,
+                },
             ) as response:
                 assert response.status_code == 200
                 assert "x-ratelimit-limit-requests" in response.headers  # limits were checked
@@ -118,10 +136,13 @@ def test_a_client_that_leaves_before_the_first_event_frees_its_slot_and_pays(sta
     store.close()
 
 
-@pytest.mark.parametrize("route, body", [
-    ("chat/completions", {"messages": HI, "max_tokens": 2000}),
-    ("responses", {"input": "hi", "max_output_tokens": 2000}),
-])
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("chat/completions", {"messages": HI, "max_tokens": 2000}),
+        ("responses", {"input": "hi", "max_output_tokens": 2000}),
+    ],
+)
 def test_a_whole_reply_whose_client_leaves_is_charged_what_the_engine_made(
     stack, hardened, route, body
 ):
@@ -133,8 +154,10 @@ def test_a_whole_reply_whose_client_leaves_is_charged_what_the_engine_made(
     engine = stack.handle(FAST)
     url = urlsplit(f"{base_url}/{route}")
     body = json.dumps({"model": FAST, "ignore_eos": True, **body})
-    request = (f"POST {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {key}\r\n"
-               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}")
+    request = (
+        f"POST {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    )
     with socket.create_connection((url.hostname, url.port), timeout=10) as client:
         client.sendall(request.encode())
         wait_until(lambda: engine.running_requests.remote().result() == 1, timeout_s=30)
@@ -159,7 +182,8 @@ def test_a_body_that_trickles_in_gets_408_and_a_strangers_gets_401_at_once(stack
             sock.sendall(
                 f"POST {parts.path}/chat/completions HTTP/1.1\r\nHost: {parts.hostname}\r\n"
                 f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10]
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body[:10]
             )
             reply = b""
             while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
@@ -203,7 +227,8 @@ def test_a_forged_x_forwarded_for_does_not_buy_more_sign_in_attempts(stack, hard
             # send it by hand.
             cookie = f"{SESSION_COOKIE}={page.cookies[SESSION_COOKIE]}"
             response = browser.post(
-                f"{console}/sign-in", headers={"X-Forwarded-For": forged, "Cookie": cookie},
+                f"{console}/sign-in",
+                headers={"X-Forwarded-For": forged, "Cookie": cookie},
                 data={"csrf_token": token, "email": "nobody@hostile.test", "password": "x" * 12},
             )
             statuses.append(response.status_code)

@@ -44,8 +44,9 @@ def two_replicas(request, stack, postgres: PostgresDatabases):
 
 def test_done_when_and_revocation_on_every_replica(stack, two_replicas):
     base_url, database_url = two_replicas
-    created = serviceai_cli(database_url, "users", "create", "--email", "two@example.com",
-                            "--with-key", "--json")
+    created = serviceai_cli(
+        database_url, "users", "create", "--email", "two@example.com", "--with-key", "--json"
+    )
     key = created["key"]["key"]
     stack.secrets.append(key)
     client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)

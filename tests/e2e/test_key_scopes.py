@@ -17,10 +17,17 @@ HI = [{"role": "user", "content": "hi"}]
 
 def scoped_key(stack: Stack, *options: str) -> dict:
     """A new free-plan user's key made with `serviceai keys create OPTIONS --json`."""
-    user = serviceai_cli(stack.database_url, "users", "create", "--email",
-                         f"{secrets.token_hex(5)}@scopes.test", "--json")
-    key = serviceai_cli(stack.database_url, "keys", "create", "--user", user["id"], *options,
-                        "--json")
+    user = serviceai_cli(
+        stack.database_url,
+        "users",
+        "create",
+        "--email",
+        f"{secrets.token_hex(5)}@scopes.test",
+        "--json",
+    )
+    key = serviceai_cli(
+        stack.database_url, "keys", "create", "--user", user["id"], *options, "--json"
+    )
     stack.secrets.append(key["key"])
     return key
 
@@ -51,8 +58,9 @@ def test_an_expired_key_and_a_spent_monthly_budget(stack: Stack):
 
     budgeted = scoped_key(stack, "--monthly-tokens", "300")
     client = openai.OpenAI(base_url=stack.base_url, api_key=budgeted["key"], max_retries=0)
-    first = client.chat.completions.create(model="ServiceAi-Fast", messages=HI, max_tokens=150,
-                                           extra_body={"ignore_eos": True})
+    first = client.chat.completions.create(
+        model="ServiceAi-Fast", messages=HI, max_tokens=150, extra_body={"ignore_eos": True}
+    )
     used = first.usage.total_tokens
     assert first.usage.completion_tokens == 150
     with pytest.raises(openai.RateLimitError) as spent:
@@ -64,5 +72,9 @@ def test_an_expired_key_and_a_spent_monthly_budget(stack: Stack):
     # The usage report shows the budget used once the ingress has written its usage.
     usage_of(stack.base_url, budgeted["key"], 1)
     report = serviceai_cli(stack.database_url, "usage", "--key", budgeted["id"], "--json")
-    assert report["budget"] == {**report["budget"], "monthly_tokens": 300, "used": used,
-                                "left": 300 - used}
+    assert report["budget"] == {
+        **report["budget"],
+        "monthly_tokens": 300,
+        "used": used,
+        "left": 300 - used,
+    }

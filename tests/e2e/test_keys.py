@@ -19,7 +19,8 @@ HI = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def admin(stack: Stack) -> httpx.Client:
     with httpx.Client(
-        base_url=f"{stack.origin}/admin", timeout=30,
+        base_url=f"{stack.origin}/admin",
+        timeout=30,
         headers={"Authorization": f"Bearer {stack.admin_token}"},
     ) as client:
         yield client
@@ -34,8 +35,15 @@ def new_key(stack: Stack, admin: httpx.Client, email: str) -> tuple[dict, str]:
 
 
 def test_new_user_creates_a_key_with_one_command_calls_revokes_and_is_refused(stack):
-    created = serviceai_cli(stack.database_url, "users", "create", "--email", "newcomer@example.com",
-                            "--with-key", "--json")
+    created = serviceai_cli(
+        stack.database_url,
+        "users",
+        "create",
+        "--email",
+        "newcomer@example.com",
+        "--with-key",
+        "--json",
+    )
     key = created["key"]["key"]
     stack.secrets.append(key)
     client = openai.OpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
@@ -75,8 +83,11 @@ def test_every_401_case_through_the_stack(stack, admin):
         "disabled": {"Authorization": f"Bearer {disabled}"},
     }
     for reason, headers in cases.items():
-        response = httpx.post(f"{stack.base_url}/chat/completions", headers=headers,
-                              json={"model": "ServiceAi-Fast", "messages": HI})
+        response = httpx.post(
+            f"{stack.base_url}/chat/completions",
+            headers=headers,
+            json={"model": "ServiceAi-Fast", "messages": HI},
+        )
         error = error_of(response, 401)
         assert error["code"] == "invalid_api_key" and reason in error["message"], (reason, error)
         assert response.headers["www-authenticate"] == "Bearer"
@@ -86,8 +97,9 @@ def test_every_401_case_through_the_stack(stack, admin):
 
 def test_account_api_through_the_stack(stack, admin):
     _, key = new_key(stack, admin, "self-service@example.com")
-    with httpx.Client(base_url=f"{stack.base_url}/account", timeout=30,
-                      headers={"Authorization": f"Bearer {key}"}) as account:
+    with httpx.Client(
+        base_url=f"{stack.base_url}/account", timeout=30, headers={"Authorization": f"Bearer {key}"}
+    ) as account:
         created = account.post("/keys", json={"name": "second"})
         assert created.status_code == 201
         second = created.json()
@@ -102,5 +114,7 @@ def test_account_api_through_the_stack(stack, admin):
 
 
 def test_admin_api_refuses_user_keys(stack):
-    response = httpx.get(f"{stack.origin}/admin/users", headers={"Authorization": f"Bearer {stack.api_key}"})
+    response = httpx.get(
+        f"{stack.origin}/admin/users", headers={"Authorization": f"Bearer {stack.api_key}"}
+    )
     assert error_of(response, 401)["code"] == "invalid_admin_token"

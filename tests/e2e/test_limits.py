@@ -35,8 +35,15 @@ FREE_PRO_RPM = app_args()["plans"]["free"]["ServiceAi-Pro"]["requests_per_minute
 def new_user(stack: Stack, plan: str = "free") -> tuple[str, str]:
     """(user id, key) of a new user on `plan`, made with the CLI in the stack's store."""
     created = serviceai_cli(
-        stack.database_url, "users", "create", "--email", f"{secrets.token_hex(5)}@limits.test",
-        "--plan", plan, "--with-key", "--json",
+        stack.database_url,
+        "users",
+        "create",
+        "--email",
+        f"{secrets.token_hex(5)}@limits.test",
+        "--plan",
+        plan,
+        "--with-key",
+        "--json",
     )
     stack.secrets.append(created["key"]["key"])
     return created["user"]["id"], created["key"]["key"]
@@ -45,7 +52,8 @@ def new_user(stack: Stack, plan: str = "free") -> tuple[str, str]:
 def limit_headers(headers: httpx.Headers) -> dict[str, str]:
     return {
         f"{part}-{kind}": headers[f"x-ratelimit-{part}-{kind}"]
-        for kind in HEADERS for part in ("limit", "remaining", "reset")
+        for kind in HEADERS
+        for part in ("limit", "remaining", "reset")
     }
 
 
@@ -53,10 +61,13 @@ def usage_of(base_url: str, key: str, expected_requests: int, timeout_s: float =
     """The key holder's usage today, summed over model types, once the replicas wrote it."""
     deadline = time.monotonic() + timeout_s
     while True:
-        rows = httpx.get(f"{base_url}/account/usage", headers={"Authorization": f"Bearer {key}"},
-                         timeout=10).json()["data"]
-        totals = {field: sum(r[field] for r in rows)
-                  for field in ("requests", "prompt_tokens", "completion_tokens")}
+        rows = httpx.get(
+            f"{base_url}/account/usage", headers={"Authorization": f"Bearer {key}"}, timeout=10
+        ).json()["data"]
+        totals = {
+            field: sum(r[field] for r in rows)
+            for field in ("requests", "prompt_tokens", "completion_tokens")
+        }
         if totals["requests"] >= expected_requests or time.monotonic() > deadline:
             return {**totals, "models": sorted({r["model"] for r in rows})}
         time.sleep(0.5)
@@ -64,8 +75,13 @@ def usage_of(base_url: str, key: str, expected_requests: int, timeout_s: float =
 
 @contextmanager
 def ingress_app(
-    stack: Stack, name: str, *, replicas: int = 1, env: dict[str, str] | None = None,
-    plans: dict[str, Any] | None = None, **args: Any,
+    stack: Stack,
+    name: str,
+    *,
+    replicas: int = 1,
+    env: dict[str, str] | None = None,
+    plans: dict[str, Any] | None = None,
+    **args: Any,
 ) -> Iterator[str]:
     """An extra application over the stack's engines (or its own, with `model_types`); its
     base URL."""
@@ -122,30 +138,53 @@ def test_done_when_fast_freely_pro_429_after_its_limit_and_exact_usage(stack, to
 
     requests = 2 * FREE_PRO_RPM + 5
     usage = usage_of(stack.base_url, key, requests)
-    assert usage == {"requests": requests, **reported,
-                     "models": ["ServiceAi-Fast", "ServiceAi-Pro"]}
+    assert usage == {
+        "requests": requests,
+        **reported,
+        "models": ["ServiceAi-Fast", "ServiceAi-Pro"],
+    }
     assert reported["prompt_tokens"] == requests * prompt_tokens(tokenizer, HI)
 
 
 def test_streams_carry_the_headers_before_the_first_byte_and_are_metered(stack, tokenizer):
     _, key = new_user(stack)
-    request = {"model": "ServiceAi-Coder", "messages": HI, "max_tokens": 8, "stream": True,
-               "stream_options": {"include_usage": True}, "ignore_eos": True}
-    with httpx.stream("POST", f"{stack.base_url}/chat/completions", json=request, timeout=60,
-                      headers={"Authorization": f"Bearer {key}"}) as response:
+    request = {
+        "model": "ServiceAi-Coder",
+        "messages": HI,
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    with httpx.stream(
+        "POST",
+        f"{stack.base_url}/chat/completions",
+        json=request,
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+    ) as response:
         assert response.status_code == 200
         assert limit_headers(response.headers) == {
-            "limit-requests": "10", "remaining-requests": "9", "reset-requests": "1m0s",
+            "limit-requests": "10",
+            "remaining-requests": "9",
+            "reset-requests": "1m0s",
             # The reply's 8 tokens are held for it from admission; the window starts there.
-            "limit-tokens": "20000", "remaining-tokens": "19992", "reset-tokens": "1m0s",
+            "limit-tokens": "20000",
+            "remaining-tokens": "19992",
+            "reset-tokens": "1m0s",
         }
         events = [line for line in response.iter_lines() if line.startswith("data: {")]
     reported = json.loads(events[-1].removeprefix("data: "))["usage"]
 
     # A stream the client cuts off: what the engine produced until then is counted too.
     long = dict(request, max_tokens=1500, stream_options=None)
-    with httpx.stream("POST", f"{stack.base_url}/chat/completions", json=long, timeout=60,
-                      headers={"Authorization": f"Bearer {key}"}) as response:
+    with httpx.stream(
+        "POST",
+        f"{stack.base_url}/chat/completions",
+        json=long,
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+    ) as response:
         lines = response.iter_lines()
         received = sum(1 for _, line in zip(range(12), lines) if line.startswith("data: {"))
 
@@ -156,9 +195,12 @@ def test_streams_carry_the_headers_before_the_first_byte_and_are_metered(stack, 
     # The first stream's 8 tokens, and at least the chunks read of the cut one (one token each).
     assert 8 + received - 1 <= usage["completion_tokens"] < 8 + 1500
     # Charged to the token limit as well.
-    follow = httpx.post(f"{stack.base_url}/chat/completions", timeout=60,
-                        headers={"Authorization": f"Bearer {key}"},
-                        json={"model": "ServiceAi-Coder", "messages": HI, "max_tokens": 1})
+    follow = httpx.post(
+        f"{stack.base_url}/chat/completions",
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "ServiceAi-Coder", "messages": HI, "max_tokens": 1},
+    )
     used = 20000 - int(follow.headers["x-ratelimit-remaining-tokens"]) - 1  # its own, held
     assert used == usage["prompt_tokens"] + usage["completion_tokens"]
 
@@ -168,15 +210,28 @@ def test_the_client_retries_after_retry_after_and_then_succeeds(stack):
     _, key = new_user(stack)
     attempts: list[tuple[float, int]] = []
     hooks = {"response": [lambda r: attempts.append((time.monotonic(), r.status_code))]}
-    retrying = openai.OpenAI(base_url=stack.base_url, api_key=key, max_retries=2,
-                             http_client=httpx.Client(event_hooks=hooks, timeout=60))
-    long = {"model": "ServiceAi-Pro", "messages": HI, "max_tokens": 1500, "stream": True,
-            "ignore_eos": True}
+    retrying = openai.OpenAI(
+        base_url=stack.base_url,
+        api_key=key,
+        max_retries=2,
+        http_client=httpx.Client(event_hooks=hooks, timeout=60),
+    )
+    long = {
+        "model": "ServiceAi-Pro",
+        "messages": HI,
+        "max_tokens": 1500,
+        "stream": True,
+        "ignore_eos": True,
+    }
     auth = {"Authorization": f"Bearer {key}"}
-    with httpx.stream("POST", f"{stack.base_url}/chat/completions", json=long, headers=auth,
-                      timeout=60) as one, \
-         httpx.stream("POST", f"{stack.base_url}/chat/completions", json=long, headers=auth,
-                      timeout=60) as two:
+    with (
+        httpx.stream(
+            "POST", f"{stack.base_url}/chat/completions", json=long, headers=auth, timeout=60
+        ) as one,
+        httpx.stream(
+            "POST", f"{stack.base_url}/chat/completions", json=long, headers=auth, timeout=60
+        ) as two,
+    ):
         assert (one.status_code, two.status_code) == (200, 200)
         # Both slots stay taken until, half a second into the client's wait, one stream ends.
         threading.Timer(0.5, one.close).start()
@@ -189,19 +244,33 @@ def test_the_client_retries_after_retry_after_and_then_succeeds(stack):
 
 
 def test_a_spent_daily_quota_stops_the_clients_retries(stack):
-    tiny_quota = {"requests_per_minute": 100, "tokens_per_minute": 100000,
-                  "concurrent_requests": 10, "tokens_per_day": 40}
-    plans = dict(app_args()["plans"], tiny={t: tiny_quota for t in type_limits(app_args()["plans"]["free"])})
+    tiny_quota = {
+        "requests_per_minute": 100,
+        "tokens_per_minute": 100000,
+        "concurrent_requests": 10,
+        "tokens_per_day": 40,
+    }
+    plans = dict(
+        app_args()["plans"], tiny={t: tiny_quota for t in type_limits(app_args()["plans"]["free"])}
+    )
     _, key = new_user(stack, plan="tiny")
     with ingress_app(stack, "quota", plans=plans) as base_url:
         attempts: list[int] = []
         hooks = {"response": [lambda r: attempts.append(r.status_code)]}
-        client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=2,
-                               http_client=httpx.Client(event_hooks=hooks, timeout=60))
+        client = openai.OpenAI(
+            base_url=base_url,
+            api_key=key,
+            max_retries=2,
+            http_client=httpx.Client(event_hooks=hooks, timeout=60),
+        )
         for _ in range(5):  # ~20 prompt tokens and 4 more each: the quota is spent in 2 or so
             try:
-                client.chat.completions.create(model="ServiceAi-Fast", messages=HI, max_tokens=4,
-                                               extra_body={"ignore_eos": True})
+                client.chat.completions.create(
+                    model="ServiceAi-Fast",
+                    messages=HI,
+                    max_tokens=4,
+                    extra_body={"ignore_eos": True},
+                )
             except openai.RateLimitError as error:
                 assert error.body["code"] == "insufficient_quota"
                 assert error.body["type"] == "insufficient_quota"
@@ -216,30 +285,45 @@ def test_a_spent_daily_quota_stops_the_clients_retries(stack):
 def test_a_prompt_beyond_the_context_is_400_whatever_the_counters_say(stack):
     """Decided before admission: a spent quota does not turn it into a 429 that a client
     would wait on (issue 14), and a prompt that fits still gets that 429."""
-    tiny_quota = {"requests_per_minute": 100, "tokens_per_minute": 100000,
-                  "concurrent_requests": 10, "tokens_per_day": 20}
-    plans = dict(app_args()["plans"], tiny={t: tiny_quota for t in type_limits(app_args()["plans"]["free"])})
+    tiny_quota = {
+        "requests_per_minute": 100,
+        "tokens_per_minute": 100000,
+        "concurrent_requests": 10,
+        "tokens_per_day": 20,
+    }
+    plans = dict(
+        app_args()["plans"], tiny={t: tiny_quota for t in type_limits(app_args()["plans"]["free"])}
+    )
     _, key = new_user(stack, plan="tiny")
     long_text = "The quick brown fox jumps over the lazy dog. " * 400  # > 2048 tokens
     with ingress_app(stack, "beyond", plans=plans) as base_url:
-        http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"},
-                            timeout=60)
+        http = httpx.Client(
+            base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60
+        )
         spend = {"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 4, "ignore_eos": True}
         assert http.post("/chat/completions", json=spend).status_code == 200  # ~20 tokens
         spent = error_of(http.post("/chat/completions", json=spend), 429)
         assert spent["code"] == "insufficient_quota"
         for stream in (False, True):
             for model in ("ServiceAi-Fast", "ServiceAi-Coder"):
-                beyond = {"model": model, "stream": stream,
-                          "messages": [{"role": "user", "content": long_text}]}
+                beyond = {
+                    "model": model,
+                    "stream": stream,
+                    "messages": [{"role": "user", "content": long_text}],
+                }
                 error = error_of(http.post("/chat/completions", json=beyond), 400)
                 assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
                 assert "maximum context length is 2048 tokens" in error["message"]
             beyond = {"model": "ServiceAi-Fast", "stream": stream, "prompt": long_text}
             error = error_of(http.post("/completions", json=beyond), 400)
             assert (error["code"], error["param"]) == ("context_length_exceeded", "prompt")
-        fits = {"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": long_text[:3000]}]}
-        assert error_of(http.post("/chat/completions", json=fits), 429)["code"] == "insufficient_quota"
+        fits = {
+            "model": "ServiceAi-Fast",
+            "messages": [{"role": "user", "content": long_text[:3000]}],
+        }
+        assert (
+            error_of(http.post("/chat/completions", json=fits), 429)["code"] == "insufficient_quota"
+        )
 
 
 @pytest.fixture
@@ -254,12 +338,15 @@ def redis_prefix() -> Iterator[str]:
 
 
 @contextmanager
-def plan_app(stack: Stack, name: str, plan_name: str, limits: dict[str, int], store: str,
-             redis_prefix: str) -> Iterator[str]:
+def plan_app(
+    stack: Stack, name: str, plan_name: str, limits: dict[str, int], store: str, redis_prefix: str
+) -> Iterator[str]:
     """An ingress app with one more plan (`limits` on every type): its counters in memory on
     one replica, or in Redis shared by two."""
-    plans = dict(app_args()["plans"],
-                 **{plan_name: {t: limits for t in type_limits(app_args()["plans"]["free"])}})
+    plans = dict(
+        app_args()["plans"],
+        **{plan_name: {t: limits for t in type_limits(app_args()["plans"]["free"])}},
+    )
     env, replicas = {}, 1
     if store == "redis":
         env = {"SERVICEAI_REDIS_URL": REDIS_URL, "SERVICEAI_REDIS_KEY_PREFIX": redis_prefix}
@@ -269,21 +356,31 @@ def plan_app(stack: Stack, name: str, plan_name: str, limits: dict[str, int], st
 
 
 def test_two_replicas_share_a_10_a_minute_limit_through_redis(stack, redis_prefix):
-    ten = {"requests_per_minute": 10, "tokens_per_minute": 1000000,
-           "concurrent_requests": 100, "tokens_per_day": 10000000}
-    plans = dict(app_args()["plans"], ten={t: ten for t in type_limits(app_args()["plans"]["free"])})
+    ten = {
+        "requests_per_minute": 10,
+        "tokens_per_minute": 1000000,
+        "concurrent_requests": 100,
+        "tokens_per_day": 10000000,
+    }
+    plans = dict(
+        app_args()["plans"], ten={t: ten for t in type_limits(app_args()["plans"]["free"])}
+    )
     user_id, key = new_user(stack, plan="ten")
     env = {"SERVICEAI_REDIS_URL": REDIS_URL, "SERVICEAI_REDIS_KEY_PREFIX": redis_prefix}
     with ingress_app(stack, "shared", replicas=2, env=env, plans=plans) as base_url:
 
         async def burst() -> list[int]:
             async with httpx.AsyncClient(timeout=60) as http:
-                responses = await asyncio.gather(*(
-                    http.post(f"{base_url}/chat/completions",
-                              headers={"Authorization": f"Bearer {key}"},
-                              json={"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 1})
-                    for _ in range(30)
-                ))
+                responses = await asyncio.gather(
+                    *(
+                        http.post(
+                            f"{base_url}/chat/completions",
+                            headers={"Authorization": f"Bearer {key}"},
+                            json={"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 1},
+                        )
+                        for _ in range(30)
+                    )
+                )
             for response in responses:
                 if response.status_code == 429:
                     assert error_of(response, 429)["type"] == "requests"
@@ -297,8 +394,7 @@ def test_two_replicas_share_a_10_a_minute_limit_through_redis(stack, redis_prefi
 
 
 # (n, max_tokens) of 16 requests sent at once: every one alone fits a fresh 20,000-token minute.
-PARALLEL = [(8, None), (1, None), (2, 600), (4, None), (1, 1500), (2, None), (8, 200),
-            (1, 800)] * 2
+PARALLEL = [(8, None), (1, None), (2, 600), (4, None), (1, 1500), (2, None), (8, 200), (1, 800)] * 2
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
@@ -307,22 +403,28 @@ def test_requests_sent_at_once_never_generate_more_than_the_plan(stack, redis_pr
     without max_tokens, streamed and whole, each generating all it may): before reservations
     each saw the whole minute left and together they took several times the plan. In memory
     with one ingress replica, and in Redis with two."""
-    plan = {"requests_per_minute": 100, "tokens_per_minute": 20000, "concurrent_requests": 16,
-            "tokens_per_day": 1000000}
+    plan = {
+        "requests_per_minute": 100,
+        "tokens_per_minute": 20000,
+        "concurrent_requests": 16,
+        "tokens_per_day": 1000000,
+    }
     _, key = new_user(stack, plan="twenty")
     with plan_app(stack, f"reserve-{store}", "twenty", plan, store, redis_prefix) as base_url:
         client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300)
 
         async def one(i: int, n: int, max_tokens: int | None) -> tuple[int, int]:
             """(status, completion tokens) of one request."""
-            body: dict[str, Any] = dict(model="ServiceAi-Fast", messages=HI, n=n,
-                                        extra_body={"ignore_eos": True})
+            body: dict[str, Any] = dict(
+                model="ServiceAi-Fast", messages=HI, n=n, extra_body={"ignore_eos": True}
+            )
             if max_tokens is not None:
                 body["max_tokens"] = max_tokens
             try:
                 if i % 2:
                     stream = await client.chat.completions.create(
-                        **body, stream=True, stream_options={"include_usage": True})
+                        **body, stream=True, stream_options={"include_usage": True}
+                    )
                     usage = [c.usage async for c in stream if c.usage][-1]
                 else:
                     usage = (await client.chat.completions.create(**body)).usage
@@ -350,8 +452,10 @@ def test_redis_down_serves_by_default_or_refuses_when_configured(stack, fail_ope
     name = "redis-down-open" if fail_open is None else "redis-down-closed"
     with ingress_app(stack, name, env=env) as base_url:
         response = httpx.post(
-            f"{base_url}/chat/completions", headers={"Authorization": f"Bearer {stack.api_key}"},
-            json={"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 2}, timeout=60,
+            f"{base_url}/chat/completions",
+            headers={"Authorization": f"Bearer {stack.api_key}"},
+            json={"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 2},
+            timeout=60,
         )
     if fail_open is None:
         assert response.status_code == 200, response.text
@@ -368,31 +472,46 @@ def test_a_full_queue_answers_503_at_once(stack):
     which the engine's one sequence slot runs one after another, so that it outlasts the wait
     for the queue's gauge on a slow machine (1,500 tokens once did not); closing it aborts it."""
     [fast] = [dict(m) for m in app_args()["model_types"] if m["name"] == "ServiceAi-Fast"]
-    fast.update(max_ongoing_requests=1, max_queued_requests=1,
-                engine_args=dict(fast["engine_args"], max_num_seqs=1))
-    plans = {p: {"ServiceAi-Fast": limits["ServiceAi-Fast"]}
-             for p, limits in app_args()["plans"].items()}
-    with ingress_app(stack, "tiny-queue", models_app=None, model_types=[fast],
-                     plans=plans) as base_url:
+    fast.update(
+        max_ongoing_requests=1,
+        max_queued_requests=1,
+        engine_args=dict(fast["engine_args"], max_num_seqs=1),
+    )
+    plans = {
+        p: {"ServiceAi-Fast": limits["ServiceAi-Fast"]} for p, limits in app_args()["plans"].items()
+    }
+    with ingress_app(
+        stack, "tiny-queue", models_app=None, model_types=[fast], plans=plans
+    ) as base_url:
         auth = {"Authorization": f"Bearer {stack.api_key}"}
-        long = {"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 2000, "n": 4,
-                "stream": True, "ignore_eos": True}
+        long = {
+            "model": "ServiceAi-Fast",
+            "messages": HI,
+            "max_tokens": 2000,
+            "n": 4,
+            "stream": True,
+            "ignore_eos": True,
+        }
         short = {"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 8}
-        with httpx.stream("POST", f"{base_url}/chat/completions", json=long, headers=auth,
-                          timeout=60) as running:
+        with httpx.stream(
+            "POST", f"{base_url}/chat/completions", json=long, headers=auth, timeout=60
+        ) as running:
             assert running.status_code == 200
             queued = threading.Thread(
-                target=lambda: httpx.post(f"{base_url}/chat/completions", json=short,
-                                          headers=auth, timeout=120)
+                target=lambda: httpx.post(
+                    f"{base_url}/chat/completions", json=short, headers=auth, timeout=120
+                )
             )
             queued.start()
             # Wait (not a fixed sleep) until the ingress reports the second request waiting.
             # (Each ingress replica has its own series: the stack's has this type too.)
             depth = series(QUEUE_DEPTH, model_type="ServiceAi-Fast")
-            wait_until(lambda: scrape(stack, "tiny-queue")[depth] >= 1, timeout_s=30,
-                       interval_s=0.5)
-            refused = httpx.post(f"{base_url}/chat/completions", json=short, headers=auth,
-                                 timeout=60)
+            wait_until(
+                lambda: scrape(stack, "tiny-queue")[depth] >= 1, timeout_s=30, interval_s=0.5
+            )
+            refused = httpx.post(
+                f"{base_url}/chat/completions", json=short, headers=auth, timeout=60
+            )
             # Answered while the first stream still runs: not after a wait for a slot.
             assert not running.is_closed
             next(running.iter_lines())
@@ -413,8 +532,12 @@ def test_clients_that_keep_the_plans_concurrency_are_never_refused(stack, redis_
     and whole, alternately), on a plan of N at once: none refused, as the slot is free before
     the reply's last bytes leave (it was freed after, and 1-2 of 192 were refused). N + 1 at
     once: exactly one 429. In memory with one ingress replica, in Redis with two."""
-    plan = {"requests_per_minute": 10000, "tokens_per_minute": 10**7,
-            "concurrent_requests": CONCURRENT, "tokens_per_day": 10**9}
+    plan = {
+        "requests_per_minute": 10000,
+        "tokens_per_minute": 10**7,
+        "concurrent_requests": CONCURRENT,
+        "tokens_per_day": 10**9,
+    }
     _, key = new_user(stack, plan="at_once")
     with plan_app(stack, f"at-once-{store}", "at_once", plan, store, redis_prefix) as base_url:
 
@@ -437,8 +560,12 @@ def test_clients_that_keep_the_plans_concurrency_are_never_refused(stack, redis_
             async def one() -> int:
                 try:
                     stream = await client.chat.completions.create(
-                        model="ServiceAi-Fast", messages=HI, max_tokens=200, stream=True,
-                        extra_body={"ignore_eos": True})
+                        model="ServiceAi-Fast",
+                        messages=HI,
+                        max_tokens=200,
+                        stream=True,
+                        extra_body={"ignore_eos": True},
+                    )
                 except openai.RateLimitError as error:
                     assert "concurrent requests" in error.message
                     return 429
@@ -449,10 +576,10 @@ def test_clients_that_keep_the_plans_concurrency_are_never_refused(stack, redis_
             return await asyncio.gather(*(one() for _ in range(clients)))
 
         async def run() -> tuple[list[int], list[int]]:
-            async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0,
-                                          timeout=300) as client:
-                honest = await asyncio.gather(*(back_to_back(client, i)
-                                                for i in range(CONCURRENT)))
+            async with openai.AsyncOpenAI(
+                base_url=base_url, api_key=key, max_retries=0, timeout=300
+            ) as client:
+                honest = await asyncio.gather(*(back_to_back(client, i) for i in range(CONCURRENT)))
                 return honest, await at_once(client, CONCURRENT + 1)
 
         honest, statuses = asyncio.run(run())

@@ -18,9 +18,17 @@ NODE_CLIENTS = Path(__file__).with_name("node")
 
 def test_the_vercel_ai_sdk_and_the_openai_node_client_read_every_json_reply(stack: Stack):
     result = subprocess.run(
-        ["node", "clients.mjs"], cwd=NODE_CLIENTS, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "SERVICEAI_BASE_URL": stack.base_url,
-             "SERVICEAI_API_KEY": stack.api_key, "AI_SDK_LOG_WARNINGS": "false"},
+        ["node", "clients.mjs"],
+        cwd=NODE_CLIENTS,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            **os.environ,
+            "SERVICEAI_BASE_URL": stack.base_url,
+            "SERVICEAI_API_KEY": stack.api_key,
+            "AI_SDK_LOG_WARNINGS": "false",
+        },
     )
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert result.returncode == 0 and not summary["failures"], summary["failures"] or result.stderr

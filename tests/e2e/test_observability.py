@@ -31,7 +31,14 @@ RATE_LIMITED = "ray_serviceai_rate_limited_total"
 FREE_PRO_RPM = app_args()["plans"]["free"]["ServiceAi-Pro"]["requests_per_minute"]
 GAUGES = ("ray_serviceai_active_streams", "ray_serviceai_queue_depth")
 SERIES_LABELS = (
-    "route", "model_type", "status", "reason", "model_name", "limit", "plan", "decision",
+    "route",
+    "model_type",
+    "status",
+    "reason",
+    "model_name",
+    "limit",
+    "plan",
+    "decision",
 )
 
 
@@ -53,10 +60,13 @@ def scrape(stack: Stack, application: str | None = None) -> Counter:
 def counted(stack: Stack) -> Counter:
     """The service's counters and histograms, and vLLM's token counter: they move only when
     requests are served (gauges and Ray's own system series move all the time)."""
-    return Counter({
-        key: value for key, value in scrape(stack).items()
-        if key[0].startswith(("ray_serviceai_", VLLM_GENERATED)) and key[0] not in GAUGES
-    })
+    return Counter(
+        {
+            key: value
+            for key, value in scrape(stack).items()
+            if key[0].startswith(("ray_serviceai_", VLLM_GENERATED)) and key[0] not in GAUGES
+        }
+    )
 
 
 def settled(stack: Stack) -> Counter:
@@ -77,8 +87,13 @@ def series(name: str, **labels: str) -> tuple:
 
 def free_plan_key(stack: Stack) -> str:
     created = serviceai_cli(
-        stack.database_url, "users", "create", "--email", f"{uuid.uuid4().hex[:10]}@obs.test",
-        "--with-key", "--json",
+        stack.database_url,
+        "users",
+        "create",
+        "--email",
+        f"{uuid.uuid4().hex[:10]}@obs.test",
+        "--with-key",
+        "--json",
     )
     stack.secrets.append(created["key"]["key"])
     return created["key"]["key"]
@@ -89,7 +104,10 @@ def test_requests_show_up_at_rays_metrics_endpoint(stack: Stack, client: openai.
     whole = client.chat.completions.create(model="ServiceAi-Fast", messages=HELLO, max_tokens=3)
     chunks = list(
         client.chat.completions.create(
-            model="ServiceAi-Coder", messages=HELLO, max_tokens=4, stream=True,
+            model="ServiceAi-Coder",
+            messages=HELLO,
+            max_tokens=4,
+            stream=True,
             stream_options={"include_usage": True},
         )
     )
@@ -146,9 +164,11 @@ def test_requests_show_up_at_rays_metrics_endpoint(stack: Stack, client: openai.
 
 
 def test_grafana_dashboard_reads_only_series_the_service_exports(stack: Stack, client):
-    list(client.chat.completions.create(
-        model="ServiceAi-Pro", messages=HELLO, max_tokens=2, stream=True
-    ))
+    list(
+        client.chat.completions.create(
+            model="ServiceAi-Pro", messages=HELLO, max_tokens=2, stream=True
+        )
+    )
     httpx.get(f"{stack.base_url}/models", headers={"Authorization": "Bearer nope"})
     free = {"Authorization": f"Bearer {free_plan_key(stack)}"}
     one_token = {"model": "ServiceAi-Pro", "messages": HELLO, "max_tokens": 1}
@@ -185,10 +205,16 @@ def test_a_request_id_is_echoed_and_in_every_log_line_of_its_request(
 ):
     request_id = f"obs-{uuid.uuid4()}"
     with http.stream(
-        "POST", CHAT,
+        "POST",
+        CHAT,
         headers={"x-request-id": request_id},
-        json={"model": "ServiceAi-Coder", "messages": HELLO, "max_tokens": 5, "ignore_eos": True,
-              "stream": True},
+        json={
+            "model": "ServiceAi-Coder",
+            "messages": HELLO,
+            "max_tokens": 5,
+            "ignore_eos": True,
+            "stream": True,
+        },
     ) as response:
         assert response.headers["x-request-id"] == request_id
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
@@ -200,8 +226,12 @@ def test_a_request_id_is_echoed_and_in_every_log_line_of_its_request(
     key_id = http.get("/v1/account/keys").json()["data"][0]["id"]
     fields = ("method", "path", "model_type", "status", "stream", "key_id")
     assert {k: access[k] for k in fields} == {
-        "method": "POST", "path": CHAT, "model_type": "ServiceAi-Coder", "status": 200,
-        "stream": True, "key_id": key_id,
+        "method": "POST",
+        "path": CHAT,
+        "model_type": "ServiceAi-Coder",
+        "status": 200,
+        "stream": True,
+        "key_id": key_id,
     }
     assert access["prompt_tokens"] > 0 and access["completion_tokens"] == 5
     assert 0 < access["ttft_ms"] <= access["duration_ms"]

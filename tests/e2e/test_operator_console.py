@@ -36,8 +36,17 @@ REFUSED = "This page is for the operators of this service only."
 def set_password(stack: Stack, email: str) -> None:
     env = {**os.environ, "SERVICEAI_DATABASE_URL": stack.database_url}
     done = subprocess.run(
-        [str(Path(sys.executable).with_name("serviceai")), "users", "set-password", email,
-         "--password-stdin"], input=PASSWORD + "\n", env=env, capture_output=True, text=True,
+        [
+            str(Path(sys.executable).with_name("serviceai")),
+            "users",
+            "set-password",
+            email,
+            "--password-stdin",
+        ],
+        input=PASSWORD + "\n",
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
@@ -49,8 +58,9 @@ def wait_for_usage(stack: Stack, key_id: str, requests: int, timeout_s: float = 
     deadline = time.monotonic() + timeout_s
     headers = {"Authorization": f"Bearer {stack.admin_token}"}
     while True:
-        usage = httpx.get(f"{stack.origin}/admin/usage", params={"key_id": key_id},
-                          headers=headers, timeout=10).json()
+        usage = httpx.get(
+            f"{stack.origin}/admin/usage", params={"key_id": key_id}, headers=headers, timeout=10
+        ).json()
         if sum(row["requests"] for row in usage["data"]) >= requests:
             return
         assert time.monotonic() < deadline, f"usage of {key_id} not written: {usage}"
@@ -66,7 +76,9 @@ def sign_in(page: Page, stack: Stack, email: str) -> None:
 
 
 def test_an_operator_runs_the_service_from_the_browser(
-    stack: Stack, chromium: Browser, tmp_path  # noqa: F811
+    stack: Stack,
+    chromium: Browser,
+    tmp_path,  # noqa: F811
 ):
     stack.secrets.append(PASSWORD)
     serviceai_cli(stack.database_url, "users", "create", "--email", OPERATOR, "--json")
@@ -113,10 +125,12 @@ def test_an_operator_runs_the_service_from_the_browser(
         wait_for_usage(stack, key_id, 2)
 
         page.goto(user_url)
-        expect(page.locator("svg rect title", has_text=f"{today} ServiceAi-Fast: 2 requests")
-               ).to_have_count(1)
-        expect(page.locator("svg rect title",
-                            has_text=f"{today} ServiceAi-Fast: {tokens:,} tokens")).to_have_count(1)
+        expect(
+            page.locator("svg rect title", has_text=f"{today} ServiceAi-Fast: 2 requests")
+        ).to_have_count(1)
+        expect(
+            page.locator("svg rect title", has_text=f"{today} ServiceAi-Fast: {tokens:,} tokens")
+        ).to_have_count(1)
         expect(page.locator(f'table.top-keys tr[data-key-id="{key_id}"]')).to_contain_text("2")
         camera.shoot("admin-user-usage")
 
@@ -129,14 +143,18 @@ def test_an_operator_runs_the_service_from_the_browser(
             page.get_by_role("link", name="usage.csv").click()
         csv = Path(download.value.path()).read_text()
         assert csv.startswith("date,model,requests,prompt_tokens,completion_tokens,total_tokens\n")
-        [fast_today] = [line.split(",") for line in csv.splitlines()
-                        if line.startswith(f"{today},ServiceAi-Fast,")]
+        [fast_today] = [
+            line.split(",")
+            for line in csv.splitlines()
+            if line.startswith(f"{today},ServiceAi-Fast,")
+        ]
         assert int(fast_today[2]) >= 2 and int(fast_today[5]) >= tokens
         camera.shoot("admin-usage")
 
         page.goto(user_url)
         page.locator("tr[data-key-id]", has_text="operator-made").get_by_role(
-            "link", name="Revoke…").click()
+            "link", name="Revoke…"
+        ).click()
         expect(page.get_by_role("heading", level=1)).to_contain_text(CUSTOMER)
         camera.shoot("admin-key-revoke")
         page.get_by_role("button", name="Revoke this key").click()
@@ -156,13 +174,18 @@ def test_an_operator_runs_the_service_from_the_browser(
         camera.shoot("admin-plans")
 
         page.get_by_role("link", name="Audit log").click()
-        for action, target in [("user.create", CUSTOMER), ("user.set_plan", CUSTOMER),
-                               ("key.create", key_id), ("key.revoke", key_id)]:
+        for action, target in [
+            ("user.create", CUSTOMER),
+            ("user.set_plan", CUSTOMER),
+            ("key.create", key_id),
+            ("key.revoke", key_id),
+        ]:
             entry = page.locator(f'tr[data-action="{action}"][data-target="{target}"]')
             expect(entry).to_contain_text(OPERATOR)
             expect(entry).to_contain_text("console")
-        expect(page.locator(f'tr[data-action="user.set_role"][data-target="{OPERATOR}"]')
-               ).to_contain_text("cli")
+        expect(
+            page.locator(f'tr[data-action="user.set_role"][data-target="{OPERATOR}"]')
+        ).to_contain_text("cli")
         camera.shoot("admin-audit")
     finally:
         camera.publish()
@@ -172,7 +195,11 @@ def test_an_operator_runs_the_service_from_the_browser(
 
 
 def check_the_customer(
-    stack: Stack, chromium: Browser, tmp_path: Path, tokens: int, key_id: str  # noqa: F811
+    stack: Stack,
+    chromium: Browser,
+    tmp_path: Path,
+    tokens: int,
+    key_id: str,  # noqa: F811
 ) -> None:
     """The user the operator made: 403 on every operator route and action (on their own
     account and key, which stay as they were), their requests on their own chart."""
@@ -186,8 +213,11 @@ def check_the_customer(
         sign_in(page, stack, CUSTOMER)
         expect(page.get_by_role("link", name="Operator")).to_have_count(0)
         token = page.locator('input[name="csrf_token"]').first.get_attribute("value")
-        routes = sorted((method, route.path) for route in operator_pages.router.routes
-                        for method in route.methods - {"HEAD"})
+        routes = sorted(
+            (method, route.path)
+            for route in operator_pages.router.routes
+            for method in route.methods - {"HEAD"}
+        )
         assert len(routes) >= 15
         for method, path in routes:
             url = stack.origin + "/console" + path.format(user_id=customer["id"], key_id=key_id)
@@ -196,12 +226,14 @@ def check_the_customer(
                 assert response.status == 403, path
                 expect(page.get_by_role("alert")).to_have_text(REFUSED)
             else:
-                response = page.request.post(url, form={"csrf_token": token, "plan": "pro",
-                                                        "role": "admin"})
+                response = page.request.post(
+                    url, form={"csrf_token": token, "plan": "pro", "role": "admin"}
+                )
                 assert response.status == 403 and REFUSED in response.text(), path
         users = serviceai_cli(stack.database_url, "users", "list", "--json")["data"]
         assert [(u["role"], u["plan"], u["disabled"]) for u in users if u["email"] == CUSTOMER] == [
-            ("user", "pro", False)]
+            ("user", "pro", False)
+        ]
         page.goto(f"{stack.origin}/console/admin/users")
         camera.shoot("refused-403")
 
@@ -210,7 +242,8 @@ def check_the_customer(
         today = datetime.now(UTC).date().isoformat()
         chart = page.locator('.model-chart[data-model="ServiceAi-Fast"]')
         expect(chart.locator("rect title")).to_have_text(
-            f"{today} ServiceAi-Fast: {tokens:,} tokens")
+            f"{today} ServiceAi-Fast: {tokens:,} tokens"
+        )
         expect(page.get_by_role("heading", name="Plan: pro")).to_be_visible()
         camera.shoot("own-usage-chart")
     finally:

@@ -30,7 +30,10 @@ def priority_app(stack):
     args = app_args()
     fast = args["model_types"][0]
     fast = dict(
-        fast, num_cpus=0.25, max_ongoing_requests=4 * SLOTS, reserved_slots=RESERVED,
+        fast,
+        num_cpus=0.25,
+        max_ongoing_requests=4 * SLOTS,
+        reserved_slots=RESERVED,
         engine_args={**fast["engine_args"], "max_num_seqs": SLOTS, "scheduling_policy": "priority"},
     )
     args = dict(args, model_types=[fast])
@@ -43,9 +46,17 @@ def priority_app(stack):
     )
     keys = {}
     for plan in ("free", "pro"):
-        created = serviceai_cli(stack.database_url, "users", "create", "--email",
-                                f"{plan}-{uuid.uuid4().hex[:8]}@example.com", "--plan", plan,
-                                "--with-key", "--json")
+        created = serviceai_cli(
+            stack.database_url,
+            "users",
+            "create",
+            "--email",
+            f"{plan}-{uuid.uuid4().hex[:8]}@example.com",
+            "--plan",
+            plan,
+            "--with-key",
+            "--json",
+        )
         keys[plan] = created["key"]["key"]
         stack.secrets.append(keys[plan])
     serve.run(build_app(args), name=APP, route_prefix=f"/{APP}")
@@ -78,8 +89,12 @@ async def test_a_pro_request_starts_at_once_under_a_free_flood(plan_clients, n):
 
     async def flood_one(number: int) -> None:
         stream = await free.chat.completions.create(
-            model="ServiceAi-Fast", messages=[{"role": "user", "content": f"flood {number}"}],
-            max_tokens=LONG, stream=True, n=n, extra_body={"ignore_eos": True},
+            model="ServiceAi-Fast",
+            messages=[{"role": "user", "content": f"flood {number}"}],
+            max_tokens=LONG,
+            stream=True,
+            n=n,
+            extra_body={"ignore_eos": True},
         )
         async for chunk in stream:
             if chunk.choices and number not in started:
@@ -92,7 +107,9 @@ async def test_a_pro_request_starts_at_once_under_a_free_flood(plan_clients, n):
     while len(started) < running:
         await asyncio.sleep(0.05)
     stream = await pro.chat.completions.create(
-        model="ServiceAi-Fast", messages=[{"role": "user", "content": "pro"}], max_tokens=30,
+        model="ServiceAi-Fast",
+        messages=[{"role": "user", "content": "pro"}],
+        max_tokens=30,
         stream=True,
     )
     async for chunk in stream:
@@ -110,15 +127,23 @@ async def test_priorities_with_several_choices_leave_the_engine_alive(plan_clien
 
     async def one(client: openai.AsyncOpenAI, n: int, stream: bool) -> int:
         reply = await client.chat.completions.create(
-            model="ServiceAi-Fast", messages=[{"role": "user", "content": "several"}],
-            max_tokens=40, n=n, stream=stream, temperature=1.0,
+            model="ServiceAi-Fast",
+            messages=[{"role": "user", "content": "several"}],
+            max_tokens=40,
+            n=n,
+            stream=stream,
+            temperature=1.0,
         )
         if not stream:
             return len(reply.choices)
         return len({c.index async for chunk in reply for c in chunk.choices})
 
-    calls = [one(client, n, stream) for client in plan_clients for n in (1, 2, 4)
-             for stream in (False, True)]
+    calls = [
+        one(client, n, stream)
+        for client in plan_clients
+        for n in (1, 2, 4)
+        for stream in (False, True)
+    ]
     assert await asyncio.gather(*calls * 2) == [1, 1, 2, 2, 4, 4] * 4
     completion = await plan_clients[1].completions.create(
         model="ServiceAi-Fast", prompt="still alive", max_tokens=4, n=3
@@ -137,8 +162,11 @@ async def test_on_a_busy_engine_free_streams_come_in_larger_chunks_and_pro_token
     async def chunks(client: openai.AsyncOpenAI, text: str, tokens: int) -> tuple[int, int]:
         """(chunks with text, completion tokens) of one stream."""
         stream = await client.chat.completions.create(
-            model="ServiceAi-Fast", messages=[{"role": "user", "content": text}],
-            max_tokens=tokens, stream=True, stream_options={"include_usage": True},
+            model="ServiceAi-Fast",
+            messages=[{"role": "user", "content": text}],
+            max_tokens=tokens,
+            stream=True,
+            stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
         )
         count = used = 0
@@ -156,4 +184,3 @@ async def test_on_a_busy_engine_free_streams_come_in_larger_chunks_and_pro_token
     # Those that waited at the gate started on a busy engine.
     chunked = [count for count, _ in floods if count <= LONG // 8 + 2]
     assert len(chunked) >= FLOOD - SLOTS, floods
-

@@ -32,7 +32,9 @@ def two_replicas(stack):
         name: {"ServiceAi-Fast": plan["ServiceAi-Fast"]} for name, plan in args["plans"].items()
     }
     args["ingress"] = dict(
-        args["ingress"], num_replicas=2, num_cpus=0.25,
+        args["ingress"],
+        num_replicas=2,
+        num_cpus=0.25,
         env_vars={"SERVICEAI_DATABASE_URL": stack.database_url},
     )
     serve.run(build_app(args), name=APP, route_prefix=f"/{APP}")
@@ -54,7 +56,9 @@ def test_every_later_turn_finds_its_conversation_cached(stack, two_replicas):
     client = openai.OpenAI(base_url=two_replicas, api_key=stack.api_key, max_retries=0)
     before = affinity_decisions(stack)
     rng = random.Random(32)
-    conversations = [[{"role": "system", "content": system_prompt(rng)}] for _ in range(CONVERSATIONS)]
+    conversations = [
+        [{"role": "system", "content": system_prompt(rng)}] for _ in range(CONVERSATIONS)
+    ]
     misses = []
     for turn in range(TURNS):
         for number, messages in enumerate(conversations):
@@ -77,8 +81,10 @@ def test_every_later_turn_finds_its_conversation_cached(stack, two_replicas):
 
 
 def affinity_decisions(stack) -> float:
-    series = ("ray_serviceai_router_decisions_total",
-              (("model_type", "ServiceAi-Fast"), ("decision", "affinity")))
+    series = (
+        "ray_serviceai_router_decisions_total",
+        (("model_type", "ServiceAi-Fast"), ("decision", "affinity")),
+    )
     return scrape(stack)[series]
 
 
@@ -92,7 +98,9 @@ def test_previous_response_id_continues_on_the_replica_that_served_it(stack, two
         )
         for turn in range(2):
             previous = client.responses.create(
-                model="ServiceAi-Fast", previous_response_id=previous.id, input=f"turn {turn}",
+                model="ServiceAi-Fast",
+                previous_response_id=previous.id,
+                input=f"turn {turn}",
                 max_output_tokens=8,
             )
             assert previous.usage.input_tokens_details.cached_tokens > 0

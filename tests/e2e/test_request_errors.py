@@ -16,8 +16,11 @@ def post(http, body=None, **kwargs):
 
 def test_malformed_json(http):
     error = error_of(
-        http.post("/v1/chat/completions", content=b'{"model": "ServiceAi-Fast", "messages": [',
-                  headers={"Content-Type": "application/json"}),
+        http.post(
+            "/v1/chat/completions",
+            content=b'{"model": "ServiceAi-Fast", "messages": [',
+            headers={"Content-Type": "application/json"},
+        ),
         400,
     )
     assert error["type"] == "invalid_request_error" and "JSON" in error["message"]
@@ -29,20 +32,44 @@ def test_malformed_json(http):
         ({"model": "ServiceAi-Fast"}, "messages"),
         ({"messages": OK_MESSAGES}, "model"),
         ({"model": "ServiceAi-Fast", "messages": []}, "messages"),
-        ({"model": "ServiceAi-Fast", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-        ({"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        (
+            {"model": "ServiceAi-Fast", "messages": [{"role": "wizard", "content": "x"}]},
+            "messages[0].role",
+        ),
+        (
+            {"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": 5}]},
+            "messages[0].content",
+        ),
         ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "temperature": 2.1}, "temperature"),
         ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "temperature": "hot"}, "temperature"),
         ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "top_p": 0}, "top_p"),
         ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "max_tokens": 0}, "max_tokens"),
-        ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "max_completion_tokens": -1}, "max_completion_tokens"),
-        ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "frequency_penalty": -2.5}, "frequency_penalty"),
-        ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "presence_penalty": 9}, "presence_penalty"),
-        ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "stop": ["1", "2", "3", "4", "5"]}, "stop"),
+        (
+            {"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "max_completion_tokens": -1},
+            "max_completion_tokens",
+        ),
+        (
+            {"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "frequency_penalty": -2.5},
+            "frequency_penalty",
+        ),
+        (
+            {"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "presence_penalty": 9},
+            "presence_penalty",
+        ),
+        (
+            {"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "stop": ["1", "2", "3", "4", "5"]},
+            "stop",
+        ),
         ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "n": 0}, "n"),
         ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "stream": "yes"}, "stream"),
-        ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "stream_options": {"include_usage": 1}},
-         "stream_options.include_usage"),
+        (
+            {
+                "model": "ServiceAi-Fast",
+                "messages": OK_MESSAGES,
+                "stream_options": {"include_usage": 1},
+            },
+            "stream_options.include_usage",
+        ),
     ],
 )
 def test_invalid_fields_are_400_naming_the_param(http, body, param):
@@ -68,8 +95,14 @@ def test_prompt_longer_than_the_context(http):
     long_text = "The quick brown fox jumps over the lazy dog. " * 400
     for stream in (False, True):
         error = error_of(
-            post(http, {"model": "ServiceAi-Fast", "stream": stream,
-                        "messages": [{"role": "user", "content": long_text}]}),
+            post(
+                http,
+                {
+                    "model": "ServiceAi-Fast",
+                    "stream": stream,
+                    "messages": [{"role": "user", "content": long_text}],
+                },
+            ),
             400,
         )
         assert error["code"] == "context_length_exceeded"
@@ -86,7 +119,12 @@ def test_max_tokens_beyond_the_context(http):
 
 @pytest.mark.parametrize(
     "headers",
-    [{}, {"Authorization": "Basic abc"}, {"Authorization": "Bearer"}, {"Authorization": "Bearer wrong-key"}],
+    [
+        {},
+        {"Authorization": "Basic abc"},
+        {"Authorization": "Bearer"},
+        {"Authorization": "Bearer wrong-key"},
+    ],
 )
 def test_bad_or_missing_key_is_401(stack, headers):
     import httpx

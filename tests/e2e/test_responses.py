@@ -45,8 +45,10 @@ WHOLE = {"ignore_eos": True, "seed": 5}
 def text_of(response) -> str:
     return "".join(
         part.text
-        for item in response.output if item.type == "message"
-        for part in item.content if part.type == "output_text"
+        for item in response.output
+        if item.type == "message"
+        for part in item.content
+        if part.type == "output_text"
     )
 
 
@@ -63,8 +65,9 @@ def stored_ids(stack: Stack) -> set[str]:
 
 
 def test_a_whole_response_is_returned_stored_and_retrieved_the_same(client):
-    response = client.responses.create(model=FAST, input="hi", max_output_tokens=8,
-                                        extra_body=WHOLE)
+    response = client.responses.create(
+        model=FAST, input="hi", max_output_tokens=8, extra_body=WHOLE
+    )
     assert response.id.startswith("resp_") and response.object == "response"
     assert response.model == FAST and response.store is True
     assert response.status in ("completed", "incomplete")
@@ -78,8 +81,9 @@ def test_a_whole_response_is_returned_stored_and_retrieved_the_same(client):
 
 
 def test_a_stream_sends_openais_events_in_order_and_assembles_the_stored_object(client):
-    with client.responses.stream(model=FAST, input="hello there", max_output_tokens=16,
-                                 extra_body=WHOLE) as stream:
+    with client.responses.stream(
+        model=FAST, input="hello there", max_output_tokens=16, extra_body=WHOLE
+    ) as stream:
         events = list(stream)
         final = stream.get_final_response()
     numbers = [event.sequence_number for event in events]
@@ -87,9 +91,13 @@ def test_a_stream_sends_openais_events_in_order_and_assembles_the_stored_object(
     types = [event.type for event in events]
     assert types[:2] == ["response.created", "response.in_progress"]
     assert types[-1] in ("response.completed", "response.incomplete")
-    for expected in ("response.output_item.added", "response.content_part.added",
-                     "response.output_text.done", "response.content_part.done",
-                     "response.output_item.done"):
+    for expected in (
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ):
         assert expected in types
     assert types.index("response.output_item.added") < types.index("response.content_part.added")
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -108,9 +116,12 @@ def test_structured_output_follows_the_json_schema(client):
         "additionalProperties": False,
     }
     response = client.responses.create(
-        model=FAST, input="answer in JSON", max_output_tokens=200,
-        text={"format": {"type": "json_schema", "name": "answer", "schema": schema,
-                         "strict": True}},
+        model=FAST,
+        input="answer in JSON",
+        max_output_tokens=200,
+        text={
+            "format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}
+        },
     )
     assert response.status == "completed", response.incomplete_details
     answer = json.loads(response.output_text)
@@ -120,8 +131,11 @@ def test_structured_output_follows_the_json_schema(client):
 
 def test_a_named_tool_call_then_the_turn_with_its_output(client):
     called = client.responses.create(
-        model=FAST, input="What is the weather in Paris?", tools=[WEATHER],
-        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=200,
+        model=FAST,
+        input="What is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=200,
     )
     calls = [item for item in called.output if item.type == "function_call"]
     assert len(calls) == 1, called.output
@@ -129,8 +143,12 @@ def test_a_named_tool_call_then_the_turn_with_its_output(client):
     assert call.name == "get_weather" and call.call_id
     assert set(json.loads(call.arguments)) == {"city"}
     answered = client.responses.create(
-        model=FAST, previous_response_id=called.id, tools=[WEATHER], tool_choice="none",
-        max_output_tokens=8, extra_body=WHOLE,
+        model=FAST,
+        previous_response_id=called.id,
+        tools=[WEATHER],
+        tool_choice="none",
+        max_output_tokens=8,
+        extra_body=WHOLE,
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
     )
     assert answered.previous_response_id == called.id
@@ -141,17 +159,22 @@ def test_a_named_tool_call_then_the_turn_with_its_output(client):
 
 
 def test_three_turns_by_previous_response_id_through_a_second_ingress(stack, client):
-    first = client.responses.create(model=FAST, input="one", max_output_tokens=4,
-                                    extra_body=WHOLE)
+    first = client.responses.create(model=FAST, input="one", max_output_tokens=4, extra_body=WHOLE)
     with ingress_app(stack, "responses-b") as other_base_url:
         other = openai.OpenAI(base_url=other_base_url, api_key=stack.api_key, max_retries=0)
         second = other.responses.create(
-            model=FAST, input="two", previous_response_id=first.id, max_output_tokens=4,
+            model=FAST,
+            input="two",
+            previous_response_id=first.id,
+            max_output_tokens=4,
             extra_body=WHOLE,
         )
         assert other.responses.retrieve(first.id).id == first.id
     third = client.responses.create(
-        model=FAST, input="three", previous_response_id=second.id, max_output_tokens=4,
+        model=FAST,
+        input="three",
+        previous_response_id=second.id,
+        max_output_tokens=4,
         extra_body=WHOLE,
     )
     # The replayed history is input: each turn reads everything before it.
@@ -164,13 +187,16 @@ def test_three_turns_by_previous_response_id_through_a_second_ingress(stack, cli
     said = [item for item in items if getattr(item, "role", None) == "user"]
     assert [item.content[0].text for item in said] == ["one", "two", "three"]
     assert [item.id for item in items] == [
-        said[0].id, *(item.id for item in first.output),
-        said[1].id, *(item.id for item in second.output),
+        said[0].id,
+        *(item.id for item in first.output),
+        said[1].id,
+        *(item.id for item in second.output),
         said[2].id,
     ]
     replies = [item for item in items if getattr(item, "role", None) == "assistant"]
     assert "".join(part.text for item in replies for part in item.content) == (
-        first.output_text + second.output_text)
+        first.output_text + second.output_text
+    )
 
 
 def test_usage_counts_the_replayed_history_as_the_engine_counted_it(stack):
@@ -197,7 +223,9 @@ def test_input_items_page_newest_first(client):
     first = client.responses.input_items.list(response.id, limit=2)
     assert [item.content[0].text for item in first.data] == ["turn 4", "turn 3"]
     assert first.has_more
-    every = [item.content[0].text for item in client.responses.input_items.list(response.id, limit=2)]
+    every = [
+        item.content[0].text for item in client.responses.input_items.list(response.id, limit=2)
+    ]
     assert every == [f"turn {i}" for i in range(4, -1, -1)]  # the client pages by `after`
 
 
@@ -255,8 +283,7 @@ def test_an_expired_response_is_gone_and_purged(stack):
     [
         ({"background": True}, "background"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-        ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]},
-         "tools[0].type"),
+        ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools[0].type"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
     ],

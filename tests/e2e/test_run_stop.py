@@ -68,8 +68,9 @@ class Service:
     also name it on their command lines, and its HAProxy names its config in runtime_dir.
     """
 
-    def __init__(self, tmp_path: Path, config: Path, port: int, runtime_dir: Path,
-                 background_job: bool) -> None:
+    def __init__(
+        self, tmp_path: Path, config: Path, port: int, runtime_dir: Path, background_job: bool
+    ) -> None:
         self.port, self.runtime_dir = port, runtime_dir
         self.ray_dir = Path(tempfile.mkdtemp(prefix="sai-r-", dir="/tmp"))
         self.log = tmp_path / "serviceai-run.log"
@@ -84,14 +85,20 @@ class Service:
         if background_job:
             # As `make run > log 2>&1 &` in a script: the job starts with SIGINT ignored.
             script = f"{' '.join(command)} > {self.log} 2>&1 & echo $!; wait $!; echo $?"
-            self.launcher = subprocess.Popen(["bash", "-c", script], env=env, text=True,
-                                             stdout=subprocess.PIPE, start_new_session=True)
+            self.launcher = subprocess.Popen(
+                ["bash", "-c", script],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                start_new_session=True,
+            )
             self.main = int(self.launcher.stdout.readline())
         else:
             # As a supervisor runs it: a direct child, leading its own process group.
             with open(self.log, "w") as log:
-                self.launcher = subprocess.Popen(command, env=env, stdout=log,
-                                                 stderr=subprocess.STDOUT, start_new_session=True)
+                self.launcher = subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
             self.main = self.launcher.pid
         self.background_job = background_job
         self.seen: list[Process] = []
@@ -129,8 +136,13 @@ class Service:
         return self.seen
 
     def serve_run(self) -> Process:
-        return next(p for p in self.seen if p.ppid == self.main and "run" in p.argv
-                    and Path(p.argv[1] if len(p.argv) > 1 else "").name == "serve")
+        return next(
+            p
+            for p in self.seen
+            if p.ppid == self.main
+            and "run" in p.argv
+            and Path(p.argv[1] if len(p.argv) > 1 else "").name == "serve"
+        )
 
     def exit_code(self) -> int | None:
         if self.background_job:
@@ -190,8 +202,11 @@ def start(tmp_path, port, runtime_dir, stack):
         reply = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
             headers={"Authorization": f"Bearer {key}"},
-            json={"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "hi"}],
-                  "max_tokens": 2},
+            json={
+                "model": "ServiceAi-Fast",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2,
+            },
             timeout=60,
         )
         assert reply.status_code == 200, reply.text

@@ -41,10 +41,14 @@ def test_ingress_deployed_first_waits_for_its_model_type_application(stack):
             base_url=f"{stack.origin}/edge/v1", api_key=stack.api_key, max_retries=2
         )
         assert [m.id for m in client.models.list()] == ["ServiceAi-Fast"]
-        chunks = list(client.chat.completions.create(
-            model="ServiceAi-Fast", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-            stream=True,
-        ))
+        chunks = list(
+            client.chat.completions.create(
+                model="ServiceAi-Fast",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=4,
+                stream=True,
+            )
+        )
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     finally:
         serve.delete("edge")

@@ -22,16 +22,23 @@ def browser(stack: Stack, address: str) -> httpx.Client:
 
 def sign_in(client: httpx.Client, email: str, password: str, **headers: str) -> int:
     token = CSRF.search(client.get("/sign-in").text).group(1)
-    response = client.post("/sign-in", headers=headers, data={
-        "csrf_token": token, "email": email, "password": password})
+    response = client.post(
+        "/sign-in",
+        headers=headers,
+        data={"csrf_token": token, "email": email, "password": password},
+    )
     return response.status_code
 
 
 def test_a_guesser_on_one_address_locks_out_that_address_only(stack: Stack):
     with browser(stack, "127.0.0.2") as guesser, browser(stack, "127.0.0.1") as other:
         statuses = [
-            sign_in(guesser, f"{secrets.token_hex(4)}@guess.test", "not the password at all",
-                    **{"X-Forwarded-For": f"198.51.100.{n % 250}"})  # forged: changes nothing
+            sign_in(
+                guesser,
+                f"{secrets.token_hex(4)}@guess.test",
+                "not the password at all",
+                **{"X-Forwarded-For": f"198.51.100.{n % 250}"},
+            )  # forged: changes nothing
             for n in range(PER_ADDRESS + 5)
         ]
         assert statuses == [401] * PER_ADDRESS + [429] * 5, statuses

@@ -15,13 +15,19 @@ from app.builder import build_app
 from tests.conftest import app_args
 from tests.e2e.processes import gone, serves, serving_replica, wait_until
 
-LONG = {"messages": [{"role": "user", "content": "Tell me a long story"}], "max_tokens": 1500,
-        "stream": True, "ignore_eos": True}
+LONG = {
+    "messages": [{"role": "user", "content": "Tell me a long story"}],
+    "max_tokens": 1500,
+    "stream": True,
+    "ignore_eos": True,
+}
 
 
 def test_client_disconnect_aborts_the_engine_request(stack, http):
     engine = stack.handle("ServiceAi-Fast")
-    with http.stream("POST", "/v1/chat/completions", json={"model": "ServiceAi-Fast", **LONG}) as response:
+    with http.stream(
+        "POST", "/v1/chat/completions", json={"model": "ServiceAi-Fast", **LONG}
+    ) as response:
         lines = response.iter_lines()
         for _ in range(20):
             next(lines)
@@ -37,7 +43,9 @@ def test_engine_death_mid_stream_ends_the_stream_with_an_error_then_recovers(sta
     with contextlib.ExitStack() as streams:
         responses = [
             streams.enter_context(
-                http.stream("POST", "/v1/chat/completions", json={"model": "ServiceAi-Coder", **LONG})
+                http.stream(
+                    "POST", "/v1/chat/completions", json={"model": "ServiceAi-Coder", **LONG}
+                )
             )
             for _ in range(2)
         ]
@@ -67,8 +75,11 @@ def test_engine_death_mid_stream_ends_the_stream_with_an_error_then_recovers(sta
         ).choices
 
     # Step 4: Serve replaces the replica (a new process), and Step 5: Coder serves again.
-    wait_until(lambda: not replica.is_running() or replica.status() == psutil.STATUS_ZOMBIE,
-               timeout_s=120, interval_s=1)
+    wait_until(
+        lambda: not replica.is_running() or replica.status() == psutil.STATUS_ZOMBIE,
+        timeout_s=120,
+        interval_s=1,
+    )
     assert serving_replica(stack, http, "ServiceAi-Coder").replica.pid != replica.pid
 
 
@@ -86,11 +97,18 @@ def test_killed_replica_takes_its_engine_processes_with_it(stack, http):
 def broken_app(stack):
     """A second application whose only model type cannot start: it never has a healthy replica."""
     args = app_args()
-    broken = dict(args["model_types"][0], name="ServiceAi-Broken", model="/nonexistent/model",
-                  model_env=None, health_check_period_s=1)
+    broken = dict(
+        args["model_types"][0],
+        name="ServiceAi-Broken",
+        model="/nonexistent/model",
+        model_env=None,
+        health_check_period_s=1,
+    )
     args["model_types"] = [broken]
-    args["plans"] = {plan: {"ServiceAi-Broken": limits["ServiceAi-Fast"]}
-                     for plan, limits in args["plans"].items()}
+    args["plans"] = {
+        plan: {"ServiceAi-Broken": limits["ServiceAi-Fast"]}
+        for plan, limits in args["plans"].items()
+    }
     serve._run(build_app(args), name="broken", route_prefix="/broken", _blocking=False)
     yield f"{stack.origin}/broken"
     serve.delete("broken", _blocking=True)

@@ -37,13 +37,16 @@ names = st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
 def strings() -> st.SearchStrategy[dict]:
     bounded = st.builds(
         lambda low, extra: {"type": "string", "minLength": low, "maxLength": low + extra},
-        st.integers(0, 3), st.integers(1, 10))
+        st.integers(0, 3),
+        st.integers(1, 10),
+    )
     return st.one_of(
         bounded,
         st.builds(lambda high: {"type": "string", "maxLength": high}, st.integers(1, 16)),
         st.just({"type": "string"}),
-        st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=4, unique=True)
-        .map(lambda values: {"type": "string", "enum": values}),
+        st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=4, unique=True).map(
+            lambda values: {"type": "string", "enum": values}
+        ),
     )
 
 
@@ -51,8 +54,9 @@ def scalars() -> st.SearchStrategy[dict]:
     return st.one_of(
         strings(),
         st.just({"type": "integer"}),
-        st.integers(-5, 5).map(lambda low: {"type": "integer", "minimum": low,
-                                            "maximum": low + 10}),
+        st.integers(-5, 5).map(
+            lambda low: {"type": "integer", "minimum": low, "maximum": low + 10}
+        ),
         st.just({"type": "number"}),
         st.just({"type": "boolean"}),
     )
@@ -61,13 +65,22 @@ def scalars() -> st.SearchStrategy[dict]:
 def objects(values: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
     return st.dictionaries(names, values, min_size=1, max_size=4).flatmap(
         lambda properties: st.lists(st.sampled_from(sorted(properties)), unique=True).map(
-            lambda required: {"type": "object", "properties": properties,
-                              "required": required, "additionalProperties": False}))
+            lambda required: {
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            }
+        )
+    )
 
 
 def arrays(items: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
-    return st.builds(lambda item, most: {"type": "array", "items": item, "maxItems": most},
-                     items, st.integers(1, 3))
+    return st.builds(
+        lambda item, most: {"type": "array", "items": item, "maxItems": most},
+        items,
+        st.integers(1, 3),
+    )
 
 
 schemas = objects(st.one_of(scalars(), arrays(scalars()), objects(scalars())))
@@ -87,8 +100,11 @@ def strict(text: str, schema: dict) -> str | None:
 
 
 def sse(lines: list[str]) -> list[dict]:
-    return [json.loads(line[6:]) for line in lines
-            if line.startswith("data: ") and line != "data: [DONE]"]
+    return [
+        json.loads(line[6:])
+        for line in lines
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
 
 
 class Shapes:
@@ -112,23 +128,33 @@ class Shapes:
         return [line for line in body.decode().split("\n") if line]
 
     def chat(self, **fields) -> dict:
-        return {"messages": [{"role": "user", "content": "Answer in JSON."}],
-                "max_tokens": MAX_TOKENS, "seed": self.seed, **fields}
+        return {
+            "messages": [{"role": "user", "content": "Answer in JSON."}],
+            "max_tokens": MAX_TOKENS,
+            "seed": self.seed,
+            **fields,
+        }
 
     def responses(self, **fields) -> dict:
         return {"input": "Answer in JSON.", "max_output_tokens": MAX_TOKENS, **fields}
 
     async def chat_format(self, stream: bool) -> tuple[bool, str | None]:
-        body = self.chat(response_format={"type": "json_schema", "json_schema": {
-            "name": "answer", "schema": self.schema, "strict": True}})
+        body = self.chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": self.schema, "strict": True},
+            }
+        )
         reply = await self.post("/v1/chat/completions", body, stream)
         if stream:
             chunks = [c for c in sse(reply) if c["choices"]]
             text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
             finish = chunks[-1]["choices"][0]["finish_reason"]
         else:
-            text, finish = (reply["choices"][0]["message"]["content"],
-                            reply["choices"][0]["finish_reason"])
+            text, finish = (
+                reply["choices"][0]["message"]["content"],
+                reply["choices"][0]["finish_reason"],
+            )
         return finish == "stop", strict(text, self.schema) if finish == "stop" else None
 
     async def chat_call(self, choice: object, stream: bool) -> tuple[bool, str | None]:
@@ -140,13 +166,16 @@ class Shapes:
             arguments: dict[int, str] = {}
             for chunk in chunks:
                 for call in chunk["choices"][0]["delta"].get("tool_calls") or ():
-                    arguments[call["index"]] = (arguments.get(call["index"], "")
-                                                + (call["function"].get("arguments") or ""))
+                    arguments[call["index"]] = arguments.get(call["index"], "") + (
+                        call["function"].get("arguments") or ""
+                    )
             calls = list(arguments.values())
         else:
             finish = reply["choices"][0]["finish_reason"]
-            calls = [c["function"]["arguments"]
-                     for c in reply["choices"][0]["message"].get("tool_calls") or ()]
+            calls = [
+                c["function"]["arguments"]
+                for c in reply["choices"][0]["message"].get("tool_calls") or ()
+            ]
         if finish == "length":
             return False, None
         if not calls:
@@ -162,17 +191,32 @@ class Shapes:
         return events[-1]["response"]
 
     async def responses_format(self, stream: bool) -> tuple[bool, str | None]:
-        response = await self.responses_reply(stream, text={"format": {
-            "type": "json_schema", "name": "answer", "schema": self.schema, "strict": True}})
+        response = await self.responses_reply(
+            stream,
+            text={
+                "format": {
+                    "type": "json_schema",
+                    "name": "answer",
+                    "schema": self.schema,
+                    "strict": True,
+                }
+            },
+        )
         if response["status"] != "completed":
             return False, None
-        text = "".join(part["text"] for item in response["output"] if item["type"] == "message"
-                       for part in item["content"] if part["type"] == "output_text")
+        text = "".join(
+            part["text"]
+            for item in response["output"]
+            if item["type"] == "message"
+            for part in item["content"]
+            if part["type"] == "output_text"
+        )
         return True, strict(text, self.schema)
 
     async def responses_call(self, choice: object, stream: bool) -> tuple[bool, str | None]:
-        response = await self.responses_reply(stream, tools=self.responses_tools,
-                                              tool_choice=choice)
+        response = await self.responses_reply(
+            stream, tools=self.responses_tools, tool_choice=choice
+        )
         if response["status"] != "completed":
             return False, None
         calls = [i["arguments"] for i in response["output"] if i["type"] == "function_call"]
@@ -201,8 +245,9 @@ def test_every_finished_json_reply_is_strict_json_that_matches_its_schema(stack:
     problems: list[str] = []
 
     @settings(
-        max_examples=SCHEMAS, deadline=None, derandomize=not os.environ.get(
-            "SERVICEAI_FUZZ_RANDOM"),
+        max_examples=SCHEMAS,
+        deadline=None,
+        derandomize=not os.environ.get("SERVICEAI_FUZZ_RANDOM"),
         phases=[Phase.generate],  # every example is a round of real requests: no shrinking
         suppress_health_check=list(HealthCheck),
     )
@@ -210,7 +255,8 @@ def test_every_finished_json_reply_is_strict_json_that_matches_its_schema(stack:
     def round_of(schema: dict, seed: int) -> None:
         async def send() -> dict[str, tuple[bool, str | None]]:
             async with httpx.AsyncClient(
-                base_url=stack.origin, timeout=120,
+                base_url=stack.origin,
+                timeout=120,
                 headers={"Authorization": f"Bearer {stack.api_key}"},
             ) as client:
                 shapes = Shapes(client, schema, seed).all()
@@ -237,14 +283,22 @@ def test_the_openai_clients_parse_helpers_read_every_finished_reply(client):
     parsed = 0
     for seed in range(6):
         reply = client.chat.completions.parse(
-            model="ServiceAi-Fast", messages=[{"role": "user", "content": "Weather?"}],
-            response_format=Weather, max_tokens=MAX_TOKENS, seed=seed)
+            model="ServiceAi-Fast",
+            messages=[{"role": "user", "content": "Weather?"}],
+            response_format=Weather,
+            max_tokens=MAX_TOKENS,
+            seed=seed,
+        )
         if reply.choices[0].finish_reason == "stop":
             assert isinstance(reply.choices[0].message.parsed, Weather)
             parsed += 1
         response = client.responses.parse(
-            model="ServiceAi-Fast", input="Weather?", text_format=Weather,
-            max_output_tokens=MAX_TOKENS, store=False)
+            model="ServiceAi-Fast",
+            input="Weather?",
+            text_format=Weather,
+            max_output_tokens=MAX_TOKENS,
+            store=False,
+        )
         if response.status == "completed":
             assert isinstance(response.output_parsed, Weather)
             parsed += 1

@@ -31,17 +31,26 @@ WEATHER = {
     "required": ["city", "unit", "days", "alerts"],
     "additionalProperties": False,
 }
-TIME = {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-        "required": ["zone"], "additionalProperties": False}
+TIME = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
 FUNCTIONS = {"get_weather": WEATHER, "get_time": TIME}
-CHAT_TOOLS = [{"type": "function", "function": {"name": name, "parameters": schema}}
-              for name, schema in FUNCTIONS.items()]
-RESPONSES_TOOLS = [{"type": "function", "name": name, "parameters": schema}
-                   for name, schema in FUNCTIONS.items()]
+CHAT_TOOLS = [
+    {"type": "function", "function": {"name": name, "parameters": schema}}
+    for name, schema in FUNCTIONS.items()
+]
+RESPONSES_TOOLS = [
+    {"type": "function", "name": name, "parameters": schema} for name, schema in FUNCTIONS.items()
+]
 TYPES = ["ServiceAi-Fast", "ServiceAi-Coder"]  # hermes parser; no parser
 # OpenAI's finish_reason: "tool_calls" when the model must call, "stop" for a named function.
-CHOICES = {"required": ("required", "tool_calls"),
-           "named": ({"type": "function", "function": {"name": "get_weather"}}, "stop")}
+CHOICES = {
+    "required": ("required", "tool_calls"),
+    "named": ({"type": "function", "function": {"name": "get_weather"}}, "stop"),
+}
 MAX_TOKENS = 400  # more than the schemas need: a forced call must end well before it
 
 
@@ -69,11 +78,24 @@ def assert_call(name: str, arguments: str) -> None:
     assert compact(arguments), arguments
 
 
-async def chat_call(client: openai.AsyncOpenAI, model: str, choice: object, seed: int,
-                    stream: bool, max_tokens: int = MAX_TOKENS) -> tuple[str, list[tuple[str, str]]]:
+async def chat_call(
+    client: openai.AsyncOpenAI,
+    model: str,
+    choice: object,
+    seed: int,
+    stream: bool,
+    max_tokens: int = MAX_TOKENS,
+) -> tuple[str, list[tuple[str, str]]]:
     """(finish_reason, [(name, arguments)]) of one forced chat call."""
-    request = dict(model=model, messages=HI, tools=CHAT_TOOLS, tool_choice=choice,
-                   max_tokens=max_tokens, seed=seed, temperature=1.0)
+    request = dict(
+        model=model,
+        messages=HI,
+        tools=CHAT_TOOLS,
+        tool_choice=choice,
+        max_tokens=max_tokens,
+        seed=seed,
+        temperature=1.0,
+    )
     if not stream:
         [choice_] = (await client.chat.completions.create(**request)).choices
         calls = [(c.function.name, c.function.arguments) for c in choice_.message.tool_calls or ()]
@@ -97,8 +119,9 @@ async def chat_call(client: openai.AsyncOpenAI, model: str, choice: object, seed
 @pytest.mark.parametrize("choice", CHOICES, ids=list(CHOICES))
 async def test_a_forced_chat_call_parses_against_its_schema(async_client, model, stream, choice):
     tool_choice, finish_reason = CHOICES[choice]
-    replies = await asyncio.gather(*(chat_call(async_client, model, tool_choice, seed, stream)
-                                     for seed in SEEDS))
+    replies = await asyncio.gather(
+        *(chat_call(async_client, model, tool_choice, seed, stream) for seed in SEEDS)
+    )
     for finish, calls in replies:
         assert finish == finish_reason
         assert calls
@@ -111,19 +134,31 @@ async def test_a_forced_chat_call_parses_against_its_schema(async_client, model,
 def test_parallel_tool_calls_false_makes_one_call(client):
     for seed in range(5):
         [choice] = client.chat.completions.create(
-            model="ServiceAi-Fast", messages=HI, tools=CHAT_TOOLS, tool_choice="required",
-            parallel_tool_calls=False, max_tokens=MAX_TOKENS, seed=seed,
+            model="ServiceAi-Fast",
+            messages=HI,
+            tools=CHAT_TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=MAX_TOKENS,
+            seed=seed,
         ).choices
         [call] = choice.message.tool_calls
         assert_call(call.function.name, call.function.arguments)
 
 
-async def responses_call(client: openai.AsyncOpenAI, model: str, choice: object, seed: int,
-                         stream: bool) -> list[tuple[str, str]]:
+async def responses_call(
+    client: openai.AsyncOpenAI, model: str, choice: object, seed: int, stream: bool
+) -> list[tuple[str, str]]:
     """[(name, arguments)] of the function_call items of one forced response."""
-    request = dict(model=model, input="What is the weather in Paris?", tools=RESPONSES_TOOLS,
-                   tool_choice=choice, max_output_tokens=MAX_TOKENS,
-                   extra_body={"seed": seed}, store=False)
+    request = dict(
+        model=model,
+        input="What is the weather in Paris?",
+        tools=RESPONSES_TOOLS,
+        tool_choice=choice,
+        max_output_tokens=MAX_TOKENS,
+        extra_body={"seed": seed},
+        store=False,
+    )
     if stream:
         async with client.responses.stream(**request) as events:
             response = await events.get_final_response()
@@ -139,10 +174,12 @@ async def responses_call(client: openai.AsyncOpenAI, model: str, choice: object,
 async def test_a_forced_responses_call_parses_against_its_schema(
     async_client, model, stream, choice
 ):
-    tool_choice = "required" if choice == "required" else {"type": "function",
-                                                           "name": "get_weather"}
-    replies = await asyncio.gather(*(
-        responses_call(async_client, model, tool_choice, seed, stream) for seed in SEEDS))
+    tool_choice = (
+        "required" if choice == "required" else {"type": "function", "name": "get_weather"}
+    )
+    replies = await asyncio.gather(
+        *(responses_call(async_client, model, tool_choice, seed, stream) for seed in SEEDS)
+    )
     for calls in replies:
         assert calls
         for name, arguments in calls:
@@ -157,8 +194,13 @@ async def test_a_forced_chat_call_cut_by_the_length_limit_is_no_call(async_clien
     """As OpenAI answers (and vLLM's own test_max_tokens_with_tool_choice_required): a whole
     reply ends 'length' with no tool_calls and empty content; a stream ends 'length' (what it
     sent of the call's arguments before the cut has gone out)."""
-    request = dict(model=model, messages=HI, tools=CHAT_TOOLS, tool_choice=CHOICES[choice][0],
-                   max_completion_tokens=1)
+    request = dict(
+        model=model,
+        messages=HI,
+        tools=CHAT_TOOLS,
+        tool_choice=CHOICES[choice][0],
+        max_completion_tokens=1,
+    )
     [whole] = (await async_client.chat.completions.create(**request)).choices
     assert whole.finish_reason == "length"
     assert not whole.message.tool_calls and whole.message.content == ""
@@ -171,11 +213,17 @@ async def test_a_forced_chat_call_cut_by_the_length_limit_is_no_call(async_clien
 async def test_a_forced_responses_call_cut_by_the_length_limit_is_incomplete_with_no_call(
     async_client, stream, choice
 ):
-    tool_choice = "required" if choice == "required" else {"type": "function",
-                                                           "name": "get_weather"}
-    request = dict(model="ServiceAi-Fast", input="What is the weather in Paris?",
-                   tools=RESPONSES_TOOLS, tool_choice=tool_choice, max_output_tokens=1,
-                   store=False)
+    tool_choice = (
+        "required" if choice == "required" else {"type": "function", "name": "get_weather"}
+    )
+    request = dict(
+        model="ServiceAi-Fast",
+        input="What is the weather in Paris?",
+        tools=RESPONSES_TOOLS,
+        tool_choice=tool_choice,
+        max_output_tokens=1,
+        store=False,
+    )
     if stream:
         async with async_client.responses.stream(**request) as events:
             response = await events.get_final_response()
@@ -198,16 +246,25 @@ def test_an_automatic_choice_on_a_type_without_a_parser_is_400(http, tool_choice
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_json_response_formats_are_compact(client, stream):
     """Constrained JSON never pads with whitespace: response_format and text.format alike."""
-    formats = [{"type": "json_object"},
-               {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}]
+    formats = [
+        {"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}},
+    ]
     for response_format in formats:
         for seed in range(5):
-            request = dict(model="ServiceAi-Fast", messages=HI, max_tokens=MAX_TOKENS, seed=seed,
-                           response_format=response_format)
+            request = dict(
+                model="ServiceAi-Fast",
+                messages=HI,
+                max_tokens=MAX_TOKENS,
+                seed=seed,
+                response_format=response_format,
+            )
             if stream:
-                text = "".join(c.choices[0].delta.content or "" for c in
-                               client.chat.completions.create(**request, stream=True)
-                               if c.choices)
+                text = "".join(
+                    c.choices[0].delta.content or ""
+                    for c in client.chat.completions.create(**request, stream=True)
+                    if c.choices
+                )
             else:
                 text = client.chat.completions.create(**request).choices[0].message.content
             if response_format["type"] == "json_schema":
@@ -215,7 +272,10 @@ def test_json_response_formats_are_compact(client, stream):
             assert compact(text), text
     for seed in range(5):
         reply = client.responses.create(
-            model="ServiceAi-Fast", input="weather?", max_output_tokens=MAX_TOKENS, store=False,
+            model="ServiceAi-Fast",
+            input="weather?",
+            max_output_tokens=MAX_TOKENS,
+            store=False,
             text={"format": {"type": "json_schema", "name": "w", "schema": WEATHER}},
             extra_body={"seed": seed},
         )

@@ -42,8 +42,10 @@ def test_a_killed_ingress_loses_none_of_the_usage_it_served(stack: Stack):
                 with count:
                     sent += 1
                 try:
-                    response = http.post(f"{base_url}/chat/completions", json={
-                        "model": "ServiceAi-Fast", "messages": HI, "max_tokens": 2})
+                    response = http.post(
+                        f"{base_url}/chat/completions",
+                        json={"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 2},
+                    )
                 except httpx.HTTPError:
                     continue
                 if response.status_code == 200:

@@ -101,9 +101,9 @@ def serve_processes(stack: Stack) -> dict[str, list[psutil.Process]]:
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         for name in ("Ingress", *MODEL_TYPES):
-            if cmdline.startswith(f"ray::ServeReplica:serviceai:{name}") and str(stack.ray_dir) in " ".join(
-                proc.parent().cmdline()
-            ):
+            if cmdline.startswith(f"ray::ServeReplica:serviceai:{name}") and str(
+                stack.ray_dir
+            ) in " ".join(proc.parent().cmdline()):
                 found[name] = [proc, *proc.children(recursive=True)]
     assert set(found) == {"Ingress", *MODEL_TYPES}, found
     return found
@@ -119,8 +119,11 @@ def error_lines(stack: Stack, offsets: dict[Path, int]) -> list[str]:
     for path in stack.log_files():
         with open(path, errors="replace") as log:
             log.seek(offsets.get(path, 0))
-            found += [f"{path.name}: {line.strip()[:300]}" for line in log
-                      if " ERROR " in line or "Traceback" in line]
+            found += [
+                f"{path.name}: {line.strip()[:300]}"
+                for line in log
+                if " ERROR " in line or "Traceback" in line
+            ]
     return found
 
 
@@ -133,23 +136,35 @@ async def test_soak(stack: Stack):
     async def sample_memory(deadline: float) -> None:
         started = time.monotonic()
         while time.monotonic() < deadline:
-            samples.append({"t": round(time.monotonic() - started),
-                            **{name: round(rss_mib(p), 1) for name, p in processes.items()}})
+            samples.append(
+                {
+                    "t": round(time.monotonic() - started),
+                    **{name: round(rss_mib(p), 1) for name, p in processes.items()},
+                }
+            )
             await asyncio.sleep(SAMPLE_EVERY_S)
 
     limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
     async with httpx.AsyncClient(
-        base_url=stack.origin, headers={"Authorization": f"Bearer {stack.api_key}"},
-        timeout=60, limits=limits,
+        base_url=stack.origin,
+        headers={"Authorization": f"Bearer {stack.api_key}"},
+        timeout=60,
+        limits=limits,
     ) as http:
         deadline = time.monotonic() + DURATION_S
         await asyncio.gather(
             sample_memory(deadline),
             # A type per client, spread evenly: 22/21/21 stay under the pro plan's 32 concurrent.
-            *(one_client(http, MODEL_TYPES[i % len(MODEL_TYPES)], deadline, random.Random(i), tally)
-              for i in range(CLIENTS)),
+            *(
+                one_client(
+                    http, MODEL_TYPES[i % len(MODEL_TYPES)], deadline, random.Random(i), tally
+                )
+                for i in range(CLIENTS)
+            ),
         )
-    samples.append({"t": round(DURATION_S), **{n: round(rss_mib(p), 1) for n, p in processes.items()}})
+    samples.append(
+        {"t": round(DURATION_S), **{n: round(rss_mib(p), 1) for n, p in processes.items()}}
+    )
 
     # Every request the clients abandoned must have left the engines.
     running = {}
@@ -163,9 +178,15 @@ async def test_soak(stack: Stack):
     errors = error_lines(stack, offsets)
     figures = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "clients": CLIENTS, "seconds": DURATION_S, "disconnect_share": DISCONNECT_SHARE,
-        **asdict(tally), "malformed": len(tally.malformed), "malformed_examples": tally.malformed[:3],
-        "running_at_end": running, "rss_mib": samples, "rss_growth_after_warm_up": growth,
+        "clients": CLIENTS,
+        "seconds": DURATION_S,
+        "disconnect_share": DISCONNECT_SHARE,
+        **asdict(tally),
+        "malformed": len(tally.malformed),
+        "malformed_examples": tally.malformed[:3],
+        "running_at_end": running,
+        "rss_mib": samples,
+        "rss_growth_after_warm_up": growth,
         "error_lines": len(errors),
     }
     out = PROJECT_ROOT / "bench" / "results" / f"soak-{datetime.now(UTC):%Y-%m-%d-%H%M}.json"

@@ -42,17 +42,26 @@ class Actor:
 
 
 def record(
-    session: AsyncSession, actor: Actor | None, action: str, target: str,
+    session: AsyncSession,
+    actor: Actor | None,
+    action: str,
+    target: str,
     detail: str | None = None,
 ) -> None:
     """Add an entry to `session`'s transaction; nothing when no operator acts (a user's own
     change from the console or the account API)."""
     if actor is None:
         return
-    session.add(AuditRow(
-        at=datetime.now(UTC), source=actor.source, actor=actor.name, action=action,
-        target=target, detail=detail,
-    ))
+    session.add(
+        AuditRow(
+            at=datetime.now(UTC),
+            source=actor.source,
+            actor=actor.name,
+            action=action,
+            target=target,
+            detail=detail,
+        )
+    )
 
 
 def page_query(limit: int, before: int | None):
@@ -63,8 +72,15 @@ def page_query(limit: int, before: int | None):
 def page_of(rows: list[AuditRow], limit: int) -> AuditPage:
     return AuditPage(
         data=[
-            AuditEntry(id=r.id, at=unix(r.at), source=r.source, actor=r.actor, action=r.action,
-                       target=r.target, detail=r.detail)
+            AuditEntry(
+                id=r.id,
+                at=unix(r.at),
+                source=r.source,
+                actor=r.actor,
+                action=r.action,
+                target=r.target,
+                detail=r.detail,
+            )
             for r in rows[:limit]
         ],
         has_more=len(rows) > limit,

@@ -91,7 +91,9 @@ class ResponseStore:
                 param=param,
             )
 
-    async def save(self, user_id: str, input_items: list[dict[str, Any]], body: dict[str, Any]) -> None:
+    async def save(
+        self, user_id: str, input_items: list[dict[str, Any]], body: dict[str, Any]
+    ) -> None:
         """Store a finished response (its `id` is the body's); ResponseTooLarge over the cap."""
         encoded_input = orjson.dumps(input_items).decode()
         encoded_body = orjson.dumps(body).decode()
@@ -116,7 +118,9 @@ class ResponseStore:
                 )
             )
 
-    async def get(self, user_id: str, response_id: str, *, param: str | None = None) -> StoredResponse:
+    async def get(
+        self, user_id: str, response_id: str, *, param: str | None = None
+    ) -> StoredResponse:
         """The caller's unexpired response, else ResponseNotFound (also for others' ids)."""
         query = select(StoredResponseRow).where(
             StoredResponseRow.id == response_id,

@@ -41,7 +41,8 @@ def _plan_name(value: str) -> str:
 
 
 PlanName = Annotated[
-    str, AfterValidator(_plan_name),
+    str,
+    AfterValidator(_plan_name),
     Field(description="A plan of the rate-limit configuration, e.g. 'free' or 'pro'."),
 ]
 
@@ -64,7 +65,8 @@ def _printable(value: str) -> str:
 
 
 KeyName = Annotated[
-    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100),
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=100),
     AfterValidator(_printable),
 ]
 
@@ -104,8 +106,9 @@ class User(BaseModel):
     disabled: bool
     disabled_at: int | None
     monthly_tokens: int | None = Field(
-        None, description="Tokens all the user's keys may use in a UTC calendar month; null: "
-        "no budget beyond the plan."
+        None,
+        description="Tokens all the user's keys may use in a UTC calendar month; null: "
+        "no budget beyond the plan.",
     )
     role: Role = "user"
 
@@ -215,7 +218,9 @@ class ApiKeyRotate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     grace_seconds: int = Field(
-        DEFAULT_GRACE_S, ge=0, le=MAX_GRACE_S,
+        DEFAULT_GRACE_S,
+        ge=0,
+        le=MAX_GRACE_S,
         description="How long the old key keeps working before it is revoked.",
     )
 
@@ -261,8 +266,10 @@ class AuditEntry(BaseModel):
     id: int
     at: int = Field(description="When, in Unix seconds.")
     source: Literal["console", "cli", "admin_api"] = Field(description="Through which door.")
-    actor: str = Field(description="The operator's email (console), the system user (cli) or "
-                       "'admin token' (admin API).")
+    actor: str = Field(
+        description="The operator's email (console), the system user (cli) or "
+        "'admin token' (admin API)."
+    )
     action: str = Field(examples=["user.set_plan", "key.revoke"])
     target: str = Field(description="The user's email or the key's id acted on.")
     detail: str | None = None

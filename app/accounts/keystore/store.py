@@ -94,8 +94,13 @@ class KeyStore:
     # Users
 
     async def create_user(
-        self, email: str, plan: str = DEFAULT_PLAN, *, password: str | None = None,
-        disabled: bool = False, actor: Actor | None = None,
+        self,
+        email: str,
+        plan: str = DEFAULT_PLAN,
+        *,
+        password: str | None = None,
+        disabled: bool = False,
+        actor: Actor | None = None,
     ) -> User:
         """A new user; with `password`, one who can sign in to the console; `disabled`, one
         an operator has yet to enable; with `actor`, an operator's action, audited."""
@@ -127,7 +132,11 @@ class KeyStore:
             return _user(await _find_user(session, user))
 
     async def list_users(
-        self, limit: int = 100, after: str | None = None, *, email_contains: str | None = None,
+        self,
+        limit: int = 100,
+        after: str | None = None,
+        *,
+        email_contains: str | None = None,
         order: Order = "asc",
     ) -> Page[User]:
         """Users, oldest first (`desc`: newest first); with `email_contains`, those whose email
@@ -143,8 +152,13 @@ class KeyStore:
         return Page[User](data=[_user(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
     async def update_user(
-        self, user: str, *, plan: str | None = None, disabled: bool | None = None,
-        monthly_tokens: int | None | Unchanged = UNCHANGED, role: Role | None = None,
+        self,
+        user: str,
+        *,
+        plan: str | None = None,
+        disabled: bool | None = None,
+        monthly_tokens: int | None | Unchanged = UNCHANGED,
+        role: Role | None = None,
         actor: Actor | None = None,
     ) -> User:
         """Change what is given; `monthly_tokens=None` clears the user's budget. With `actor`,
@@ -155,13 +169,19 @@ class KeyStore:
                 audit.record(session, actor, "user.set_plan", row.email, f"{row.plan} → {plan}")
                 row.plan = plan
             if disabled is not None:
-                audit.record(session, actor, "user.disable" if disabled else "user.enable",
-                             row.email)
+                audit.record(
+                    session, actor, "user.disable" if disabled else "user.enable", row.email
+                )
                 if disabled != (row.disabled_at is not None):
                     row.disabled_at = now() if disabled else None
             if not isinstance(monthly_tokens, Unchanged):
-                audit.record(session, actor, "user.set_budget", row.email,
-                             f"{row.monthly_tokens} → {monthly_tokens} tokens a month")
+                audit.record(
+                    session,
+                    actor,
+                    "user.set_budget",
+                    row.email,
+                    f"{row.monthly_tokens} → {monthly_tokens} tokens a month",
+                )
                 row.monthly_tokens = monthly_tokens
             if role is not None:
                 audit.record(session, actor, "user.set_role", row.email, f"{row.role} → {role}")
@@ -226,7 +246,11 @@ class KeyStore:
     # Keys
 
     async def create_key(
-        self, user: str, name: str | None = None, scopes: KeyScopes | None = None, *,
+        self,
+        user: str,
+        name: str | None = None,
+        scopes: KeyScopes | None = None,
+        *,
         actor: Actor | None = None,
     ) -> IssuedApiKey:
         issued = keygen.issue()
@@ -253,8 +277,13 @@ class KeyStore:
             # One statement: SQLite takes its write lock before the count, so it is atomic.
             inserted = await session.execute(_insert_within_limit(row, self.max_keys_per_user))
             if inserted.rowcount == 1:
-                audit.record(session, actor, "key.create", row.id,
-                             f"for {owner_email}" + (f', named "{name}"' if name else ""))
+                audit.record(
+                    session,
+                    actor,
+                    "key.create",
+                    row.id,
+                    f"for {owner_email}" + (f', named "{name}"' if name else ""),
+                )
                 return IssuedApiKey(**_key(row).model_dump(), key=issued.secret)
         raise KeyLimitReached(
             f"User {owner_id} already holds {self.max_keys_per_user} active keys, the most "
@@ -262,7 +291,10 @@ class KeyStore:
         )
 
     async def list_keys(
-        self, user: str | None = None, limit: int = 100, after: str | None = None,
+        self,
+        user: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
         order: Order = "asc",
     ) -> Page[ApiKey]:
         """Keys (every user's, or `user`'s), oldest first (`desc`: newest first)."""
@@ -293,7 +325,11 @@ class KeyStore:
         return _key(row)
 
     async def update_key(
-        self, key_id: str, changes: Mapping[str, object], *, owner_id: str | None = None,
+        self,
+        key_id: str,
+        changes: Mapping[str, object],
+        *,
+        owner_id: str | None = None,
         actor: Actor | None = None,
     ) -> ApiKey:
         """Replace the scopes named in `changes` (a KeyScopes field each; None clears)."""
@@ -305,7 +341,11 @@ class KeyStore:
         return _key(row)
 
     async def rotate_key(
-        self, key_id: str, grace: timedelta, *, owner_id: str | None = None,
+        self,
+        key_id: str,
+        grace: timedelta,
+        *,
+        owner_id: str | None = None,
         actor: Actor | None = None,
     ) -> IssuedApiKey:
         """A new key with the old one's name and scopes; the old one keeps working for `grace`,
@@ -315,8 +355,9 @@ class KeyStore:
             old = await _find_key(session, key_id, owner_id)
             moment = now()
             if old.revoked_at is not None and old.revoked_at <= moment:
-                raise KeyNotFound(f"API key '{key_id}' is revoked: there is nothing to rotate.",
-                                  param="key_id")
+                raise KeyNotFound(
+                    f"API key '{key_id}' is revoked: there is nothing to rotate.", param="key_id"
+                )
             row = ApiKeyRow(
                 id=keygen.new_id("key"),
                 user_id=old.user_id,
@@ -325,14 +366,20 @@ class KeyStore:
                 name=old.name,
                 created_at=moment,
             )
-            _set_scopes(row, KeyScopes.model_validate(
-                _key(old).model_dump(include=set(KeyScopes.model_fields))
-            ))
+            _set_scopes(
+                row,
+                KeyScopes.model_validate(_key(old).model_dump(include=set(KeyScopes.model_fields))),
+            )
             ends = moment + grace
             old.revoked_at = ends if old.revoked_at is None else min(old.revoked_at, ends)
             session.add(row)
-            audit.record(session, actor, "key.rotate", old.id,
-                         f"new key {row.id}; the old one works {int(grace.total_seconds())} s more")
+            audit.record(
+                session,
+                actor,
+                "key.rotate",
+                old.id,
+                f"new key {row.id}; the old one works {int(grace.total_seconds())} s more",
+            )
         return IssuedApiKey(**_key(row).model_dump(), key=issued.secret)
 
     async def find_key(self, key_hash: str) -> KeyOwner | None:
@@ -403,9 +450,7 @@ class KeyStore:
             connection = await session.connection()
             dialect = self.database.dialect
             await connection.execute(add_statement(dialect), add_rows(counts))
-            await connection.execute(
-                add_statement(dialect, per_model=True), add_model_rows(counts)
-            )
+            await connection.execute(add_statement(dialect, per_model=True), add_model_rows(counts))
 
     async def usage(
         self,
@@ -422,9 +467,7 @@ class KeyStore:
         """
         start, end = default_range(start, end)
         if start > end:
-            raise KeyStoreError(
-                f"start_date {start} is after end_date {end}.", param="start_date"
-            )
+            raise KeyStoreError(f"start_date {start} is after end_date {end}.", param="start_date")
         query = usage_query(start, end)
         async with self.database.transaction() as session:
             if user is not None:
@@ -433,7 +476,9 @@ class KeyStore:
                 query = query.where(DailyUsageRow.key_id == key_id)
             rows = (await session.execute(query)).all()
         return UsageList(
-            start_date=start, end_date=end, data=[record_of(row, owner) for row, owner in rows],
+            start_date=start,
+            end_date=end,
+            data=[record_of(row, owner) for row, owner in rows],
             budget=await self.budget(user=user, key_id=key_id),
         )
 
@@ -469,7 +514,9 @@ class KeyStore:
             return None
         used = await self.monthly_tokens(kind, owner)
         return Budget(
-            month=today().strftime("%Y-%m"), monthly_tokens=limit, used=used,
+            month=today().strftime("%Y-%m"),
+            monthly_tokens=limit,
+            used=used,
             left=max(0, limit - used),
         )
 
@@ -490,19 +537,38 @@ class KeyStore:
             ranked = (await connection.execute(top_query(start, end, limit))).all()
             user_ids = [i for kind, i, _, _ in ranked if kind == "user"]
             key_ids = [i for kind, i, _, _ in ranked if kind == "key"]
-            keys = {row.id: row for row in await connection.execute(
-                select(ApiKeyRow.id, ApiKeyRow.display, ApiKeyRow.name, ApiKeyRow.user_id)
-                .where(ApiKeyRow.id.in_(key_ids)))}
-            emails = dict((await connection.execute(
-                select(UserRow.id, UserRow.email)
-                .where(UserRow.id.in_({*user_ids, *(k.user_id for k in keys.values())}))
-            )).all())
-        users = [TopUser(i, emails[i], int(r), int(t)) for kind, i, r, t in ranked
-                 if kind == "user"]
+            keys = {
+                row.id: row
+                for row in await connection.execute(
+                    select(
+                        ApiKeyRow.id, ApiKeyRow.display, ApiKeyRow.name, ApiKeyRow.user_id
+                    ).where(ApiKeyRow.id.in_(key_ids))
+                )
+            }
+            emails = dict(
+                (
+                    await connection.execute(
+                        select(UserRow.id, UserRow.email).where(
+                            UserRow.id.in_({*user_ids, *(k.user_id for k in keys.values())})
+                        )
+                    )
+                ).all()
+            )
+        users = [
+            TopUser(i, emails[i], int(r), int(t)) for kind, i, r, t in ranked if kind == "user"
+        ]
         top_keys = [
-            TopKey(i, keys[i].display, keys[i].name, keys[i].user_id, emails[keys[i].user_id],
-                   int(r), int(t))
-            for kind, i, r, t in ranked if kind == "key"
+            TopKey(
+                i,
+                keys[i].display,
+                keys[i].name,
+                keys[i].user_id,
+                emails[keys[i].user_id],
+                int(r),
+                int(t),
+            )
+            for kind, i, r, t in ranked
+            if kind == "key"
         ]
         return users, top_keys
 
@@ -535,8 +601,15 @@ async def _find_key(session: AsyncSession, key_id: str, owner_id: str | None) ->
     return row
 
 
-SCOPE_COLUMNS = ("models", "expires_at", "requests_per_minute", "tokens_per_minute",
-                 "concurrent_requests", "tokens_per_day", "monthly_tokens")
+SCOPE_COLUMNS = (
+    "models",
+    "expires_at",
+    "requests_per_minute",
+    "tokens_per_minute",
+    "concurrent_requests",
+    "tokens_per_day",
+    "monthly_tokens",
+)
 
 
 def _set_scopes(row: ApiKeyRow, scopes: KeyScopes) -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 from datetime import UTC, date, datetime
 
 from sqlalchemy import (
-    BigInteger, Date, DateTime, ForeignKey, Integer, MetaData, String, Text, TypeDecorator,
+    BigInteger,
+    Date,
+    DateTime,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column

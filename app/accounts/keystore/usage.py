@@ -52,8 +52,9 @@ def add_statement(dialect: str, *, per_model: bool = False) -> Insert:
     table = (DailyModelUsageRow if per_model else DailyUsageRow).__table__
     insert = (postgresql if dialect == "postgresql" else sqlite).insert(table)
     return insert.on_conflict_do_update(
-        index_elements=[c for c in (table.c.get("key_id"), table.c.model_type, table.c.day)
-                        if c is not None],
+        index_elements=[
+            c for c in (table.c.get("key_id"), table.c.model_type, table.c.day) if c is not None
+        ],
         set_={
             column: table.c[column] + insert.excluded[column]
             for column in ("requests", "prompt_tokens", "completion_tokens")
@@ -81,8 +82,13 @@ def add_model_rows(counts: Mapping[UsageKey, UsageCount]) -> list[dict[str, obje
     for key, count in counts.items():
         totals.setdefault((key.model_type, key.day), UsageCount()).add(count)
     return [
-        {"model_type": model, "day": day, "requests": count.requests,
-         "prompt_tokens": count.prompt_tokens, "completion_tokens": count.completion_tokens}
+        {
+            "model_type": model,
+            "day": day,
+            "requests": count.requests,
+            "prompt_tokens": count.prompt_tokens,
+            "completion_tokens": count.completion_tokens,
+        }
         for (model, day), count in totals.items()
     ]
 
@@ -153,16 +159,24 @@ def daily_totals_query(start: date, end: date, user_id: str | None) -> Select:
     if user_id is None:
         table = DailyModelUsageRow
         return (
-            select(table.day, table.model_type, table.requests, table.prompt_tokens,
-                   table.completion_tokens)
+            select(
+                table.day,
+                table.model_type,
+                table.requests,
+                table.prompt_tokens,
+                table.completion_tokens,
+            )
             .where(table.day >= start, table.day <= end)
             .order_by(table.day, table.model_type)
         )
     keys = select(ApiKeyRow.id).where(ApiKeyRow.user_id == user_id)
     return (
         select(
-            DailyUsageRow.day, DailyUsageRow.model_type, _REQUESTS,
-            func.sum(DailyUsageRow.prompt_tokens), func.sum(DailyUsageRow.completion_tokens),
+            DailyUsageRow.day,
+            DailyUsageRow.model_type,
+            _REQUESTS,
+            func.sum(DailyUsageRow.prompt_tokens),
+            func.sum(DailyUsageRow.completion_tokens),
         )
         .where(DailyUsageRow.day >= start, DailyUsageRow.day <= end)
         .where(DailyUsageRow.key_id.in_(keys))
@@ -183,8 +197,15 @@ def top_keys_query(start: date, end: date, limit: int, user_id: str | None) -> S
         per_key = per_key.where(DailyUsageRow.key_id.in_(keys))
     per_key = per_key.order_by(_TOKENS.desc(), DailyUsageRow.key_id).limit(limit).subquery()
     return (
-        select(ApiKeyRow.id, ApiKeyRow.display, ApiKeyRow.name, ApiKeyRow.user_id,
-               UserRow.email, per_key.c.requests, per_key.c.tokens)
+        select(
+            ApiKeyRow.id,
+            ApiKeyRow.display,
+            ApiKeyRow.name,
+            ApiKeyRow.user_id,
+            UserRow.email,
+            per_key.c.requests,
+            per_key.c.tokens,
+        )
         .join(per_key, per_key.c.key_id == ApiKeyRow.id)
         .join(UserRow, UserRow.id == ApiKeyRow.user_id)
         .order_by(per_key.c.tokens.desc(), ApiKeyRow.id)
@@ -202,8 +223,11 @@ def top_query(start: date, end: date, limit: int) -> Select:
     )
     user_tokens = func.sum(per_key.c.tokens)
     users = (
-        select(ApiKeyRow.user_id.label("id"), func.sum(per_key.c.requests).label("requests"),
-               user_tokens.label("tokens"))
+        select(
+            ApiKeyRow.user_id.label("id"),
+            func.sum(per_key.c.requests).label("requests"),
+            user_tokens.label("tokens"),
+        )
         .join(per_key, per_key.c.key_id == ApiKeyRow.id)
         .group_by(ApiKeyRow.user_id)
         .order_by(user_tokens.desc(), ApiKeyRow.user_id)

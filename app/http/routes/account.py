@@ -70,10 +70,12 @@ async def update_key(
     store = request.app.state.store
     check_models(body, request.app.state.models.names)
     current = await store.get_key(key_id, owner_id=caller.user_id)
-    scopes = KeyScopes.model_validate({
-        **current.model_dump(include=set(KeyScopes.model_fields)),
-        **body.model_dump(include=body.model_fields_set),
-    })
+    scopes = KeyScopes.model_validate(
+        {
+            **current.model_dump(include=set(KeyScopes.model_fields)),
+            **body.model_dump(include=body.model_fields_set),
+        }
+    )
     check_narrower(current, scopes, "the key has now")
     check_narrower(caller.scopes(), scopes, "the key in use")
     updated = await store.update_key(
@@ -85,7 +87,9 @@ async def update_key(
 
 @router.post("/keys/{key_id}/rotate", status_code=201, response_model=IssuedApiKey)
 async def rotate_key(
-    key_id: str, request: Request, body: ApiKeyRotate | None = None,
+    key_id: str,
+    request: Request,
+    body: ApiKeyRotate | None = None,
     caller: Caller = Depends(authenticate),
 ) -> IssuedApiKey:
     """A new key with the same name and scopes; the old one works for `grace_seconds` more,
@@ -112,6 +116,4 @@ async def get_usage(
     end_date: date | None = Query(None, description="Last UTC day (default: today)."),
 ) -> UsageList:
     """The caller's usage per key, model type and UTC day (written every few seconds)."""
-    return await request.app.state.store.usage(
-        user=caller.user_id, start=start_date, end=end_date
-    )
+    return await request.app.state.store.usage(user=caller.user_id, start=start_date, end=end_date)

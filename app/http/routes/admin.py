@@ -114,7 +114,9 @@ async def update_user(user: str, body: UserUpdate, request: Request) -> User:
     """Change the plan or the role ("admin": an operator of the console), or disable (and
     enable) the user: a disabled user's keys stop working."""
     _offered(request, body.plan)
-    budget = {"monthly_tokens": body.monthly_tokens} if "monthly_tokens" in body.model_fields_set else {}
+    budget = (
+        {"monthly_tokens": body.monthly_tokens} if "monthly_tokens" in body.model_fields_set else {}
+    )
     updated = await _store(request).update_user(
         user, plan=body.plan, disabled=body.disabled, role=body.role, actor=ADMIN, **budget
     )
@@ -144,7 +146,9 @@ async def update_key(key_id: str, body: ApiKeyUpdate, request: Request) -> ApiKe
 
 
 @router.post("/keys/{key_id}/rotate", status_code=201, response_model=IssuedApiKey)
-async def rotate_key(key_id: str, request: Request, body: ApiKeyRotate | None = None) -> IssuedApiKey:
+async def rotate_key(
+    key_id: str, request: Request, body: ApiKeyRotate | None = None
+) -> IssuedApiKey:
     """A new key with the same name and scopes; the old one works for `grace_seconds` more,
     then is revoked. The new secret is in this response only."""
     grace = timedelta(seconds=(body or ApiKeyRotate()).grace_seconds)
@@ -186,8 +190,9 @@ async def get_usage(
 async def get_audit_log(
     request: Request,
     limit: int = Query(50, ge=1, le=MAX_PAGE),
-    before: int | None = Query(None, ge=1, le=LAST_ID,
-                               description="The id of the last entry of the previous page."),
+    before: int | None = Query(
+        None, ge=1, le=LAST_ID, description="The id of the last entry of the previous page."
+    ),
 ) -> AuditPage:
     """Operator actions (console, CLI, admin API), newest first."""
     return await _store(request).audit_log(limit=limit, before=before)

@@ -36,4 +36,6 @@ async def retrieve_model(
 
 
 async def _card(models: ModelRouter, name: str) -> ModelCard:
-    return ModelCard(id=name, created=models.created, max_model_len=await models.max_model_len(name))
+    return ModelCard(
+        id=name, created=models.created, max_model_len=await models.max_model_len(name)
+    )

@@ -66,7 +66,11 @@ async def refusal(verifier: KeyVerifier, token: str) -> str:
     with pytest.raises(ApiError) as info:
         await verifier.verify(token)
     error = info.value
-    assert (error.status, error.code, error.type) == (401, "invalid_api_key", "invalid_request_error")
+    assert (error.status, error.code, error.type) == (
+        401,
+        "invalid_api_key",
+        "invalid_request_error",
+    )
     assert error.headers == {"WWW-Authenticate": "Bearer"}
     assert token not in error.message and keygen.hash_key(token) not in error.message
     return error.message
@@ -91,7 +95,9 @@ async def test_each_refusal_says_why(store, verifier):
     assert (await refusal(verifier, other.key)).startswith(USER_DISABLED)
 
 
-async def test_cached_keys_do_not_reach_the_store_until_the_ttl_ends(store, verifier, counting, clock):
+async def test_cached_keys_do_not_reach_the_store_until_the_ttl_ends(
+    store, verifier, counting, clock
+):
     user = await store.create_user("ada@example.com")
     key = await store.create_key(user.id)
     unknown = keygen.issue().secret

@@ -21,11 +21,15 @@ from tests.tcp_proxy import TcpProxy
 
 
 @pytest.fixture
-async def outage(postgres: PostgresDatabases) -> AsyncIterator[tuple[TcpProxy, httpx.AsyncClient, str]]:
+async def outage(
+    postgres: PostgresDatabases,
+) -> AsyncIterator[tuple[TcpProxy, httpx.AsyncClient, str]]:
     url = await postgres.empty()
     server = urlsplit(url)
     proxy = await TcpProxy(server.hostname, server.port or 5432).start()
-    database = await Database.open(url.replace(server.netloc, f"{server.username}@127.0.0.1:{proxy.port}"))
+    database = await Database.open(
+        url.replace(server.netloc, f"{server.username}@127.0.0.1:{proxy.port}")
+    )
     store = KeyStore(database)
     user = await store.create_user("ada@example.com")
     key = (await store.create_key(user.id, "first")).key
@@ -34,7 +38,9 @@ async def outage(postgres: PostgresDatabases) -> AsyncIterator[tuple[TcpProxy, h
         ModelRouter({}, created=0), KeyVerifier(store, ttl_s=0), shipped_limits(), UsageMeter(store)
     )
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=bearer(key)) as client:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://test", headers=bearer(key)
+    ) as client:
         yield proxy, client, key
     await database.close()
     await proxy.close()

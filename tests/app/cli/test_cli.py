@@ -44,12 +44,20 @@ def json_of(result) -> dict:
 
 
 def test_one_command_creates_an_account_with_a_key(serviceai):
-    created = json_of(serviceai("users", "create", "--email", "Ada@Example.com", "--with-key", "--json"))
+    created = json_of(
+        serviceai("users", "create", "--email", "Ada@Example.com", "--with-key", "--json")
+    )
     user, key = created["user"], created["key"]
     assert (user["email"], user["plan"]) == ("ada@example.com", "free")
-    assert keygen.is_well_formed(key["key"]) and key["user_id"] == user["id"] and key["name"] == "default"
+    assert (
+        keygen.is_well_formed(key["key"])
+        and key["user_id"] == user["id"]
+        and key["name"] == "default"
+    )
 
-    code, out, _ = serviceai("users", "create", "--email", "bob@example.com", "--plan", "pro", "--with-key")
+    code, out, _ = serviceai(
+        "users", "create", "--email", "bob@example.com", "--plan", "pro", "--with-key"
+    )
     assert code == 0 and "plan pro" in out and "not shown again" in out
     [secret] = [line.strip() for line in out.splitlines() if line.strip().startswith("sai-")]
     assert keygen.is_well_formed(secret)
@@ -57,7 +65,9 @@ def test_one_command_creates_an_account_with_a_key(serviceai):
 
 def test_keys_create_list_revoke(serviceai):
     user = json_of(serviceai("users", "create", "--email", "ada@example.com", "--json"))
-    key = json_of(serviceai("keys", "create", "--user", "ada@example.com", "--name", "ci", "--json"))
+    key = json_of(
+        serviceai("keys", "create", "--user", "ada@example.com", "--name", "ci", "--json")
+    )
     assert key["name"] == "ci" and key["user_id"] == user["id"]
 
     code, out, _ = serviceai("keys", "list", "--user", user["id"])
@@ -78,7 +88,9 @@ def test_users_list_disable_enable_set_plan(serviceai):
     assert code == 0 and ada["id"] in out and "disabled" in out
     assert json_of(serviceai("users", "enable", ada["id"], "--json"))["disabled"] is False
     assert json_of(serviceai("users", "set-plan", ada["id"], "pro", "--json"))["plan"] == "pro"
-    assert [u["email"] for u in json_of(serviceai("users", "list", "--json"))["data"]] == ["ada@example.com"]
+    assert [u["email"] for u in json_of(serviceai("users", "list", "--json"))["data"]] == [
+        "ada@example.com"
+    ]
     json_of(serviceai("users", "create", "--email", "bob@example.com", "--json"))
     newest = json_of(serviceai("users", "list", "--order", "desc", "--json"))["data"]
     assert [u["email"] for u in newest] == ["bob@example.com", "ada@example.com"]
@@ -88,7 +100,10 @@ def test_users_list_disable_enable_set_plan(serviceai):
 
 def test_set_role_makes_an_operator_and_every_change_is_audited_as_the_cli(serviceai, database_url):
     json_of(serviceai("users", "create", "--email", "ada@example.com", "--json"))
-    assert json_of(serviceai("users", "set-role", "ada@example.com", "admin", "--json"))["role"] == "admin"
+    assert (
+        json_of(serviceai("users", "set-role", "ada@example.com", "admin", "--json"))["role"]
+        == "admin"
+    )
     code, out, _ = serviceai("users", "set-role", "ada@example.com", "user")
     assert code == 0 and "operator" not in out
     code, _, err = serviceai("users", "set-role", "ada@example.com", "root")
@@ -199,13 +214,31 @@ def test_usage_shows_the_same_json_as_the_admin_api_and_a_table(serviceai, datab
             await database.close()
 
     asyncio.run(record())
-    report = json_of(serviceai("usage", "--user", "ada@example.com", "--start-date", "2026-11-20",
-                               "--end-date", "2026-11-20", "--json"))
-    assert report["data"] == [{
-        "object": "usage", "date": "2026-11-20", "user_id": ada["user"]["id"], "key_id": key_id,
-        "model": "ServiceAi-Pro", "requests": 3, "prompt_tokens": 30, "completion_tokens": 12,
-        "total_tokens": 42,
-    }]
+    report = json_of(
+        serviceai(
+            "usage",
+            "--user",
+            "ada@example.com",
+            "--start-date",
+            "2026-11-20",
+            "--end-date",
+            "2026-11-20",
+            "--json",
+        )
+    )
+    assert report["data"] == [
+        {
+            "object": "usage",
+            "date": "2026-11-20",
+            "user_id": ada["user"]["id"],
+            "key_id": key_id,
+            "model": "ServiceAi-Pro",
+            "requests": 3,
+            "prompt_tokens": 30,
+            "completion_tokens": 12,
+            "total_tokens": 42,
+        }
+    ]
     code, out, _ = serviceai(
         "usage", "--key", key_id, "--start-date", "2026-11-01", "--end-date", "2026-11-30"
     )
@@ -231,20 +264,35 @@ def signs_in(database_url: str, email: str, password: str) -> bool:
 
 def test_set_password_lets_a_cli_user_sign_in_to_the_console(serviceai, database_url):
     json_of(serviceai("users", "create", "--email", "ops@example.com", "--json"))
-    code, _, err = serviceai("users", "set-password", "ops@example.com", "--password-stdin",
-                             input="short\n")
+    code, _, err = serviceai(
+        "users", "set-password", "ops@example.com", "--password-stdin", input="short\n"
+    )
     assert code == EXIT_USAGE and "--password" in err and "10 characters" in err
-    code, out, _ = serviceai("users", "set-password", "ops@example.com", "--password-stdin",
-                             input="a long enough password\n")
+    code, out, _ = serviceai(
+        "users",
+        "set-password",
+        "ops@example.com",
+        "--password-stdin",
+        input="a long enough password\n",
+    )
     assert code == 0 and "can now sign in to the console" in out
     assert signs_in(database_url, "ops@example.com", "a long enough password")
-    code, out, _ = serviceai("users", "set-password", "ops@example.com",
-                             input="another long password\nanother long password\n")
+    code, out, _ = serviceai(
+        "users",
+        "set-password",
+        "ops@example.com",
+        input="another long password\nanother long password\n",
+    )
     assert code == 0 and "another long password" not in out
     assert signs_in(database_url, "ops@example.com", "another long password")
     assert not signs_in(database_url, "ops@example.com", "a long enough password")
-    code, _, err = serviceai("users", "set-password", "nobody@example.com", "--password-stdin",
-                             input="a long enough password\n")
+    code, _, err = serviceai(
+        "users",
+        "set-password",
+        "nobody@example.com",
+        "--password-stdin",
+        input="a long enough password\n",
+    )
     assert code == EXIT_REFUSED and "No user" in err
 
 
@@ -264,20 +312,54 @@ def test_run_refuses_a_port_another_program_holds_naming_it():
 
 def test_keys_scoped_updated_and_rotated_from_the_cli(serviceai):
     json_of(serviceai("users", "create", "--email", "ada@example.com", "--json"))
-    key = json_of(serviceai(
-        "keys", "create", "--user", "ada@example.com", "--name", "contractor",
-        "--models", "ServiceAi-Fast,ServiceAi-Coder", "--expires-at", "2099-01-31T00:00:00Z",
-        "--requests-per-minute", "5", "--tokens-per-minute", "5000", "--concurrent-requests",
-        "2", "--tokens-per-day", "50000", "--monthly-tokens", "100000", "--json",
-    ))
+    key = json_of(
+        serviceai(
+            "keys",
+            "create",
+            "--user",
+            "ada@example.com",
+            "--name",
+            "contractor",
+            "--models",
+            "ServiceAi-Fast,ServiceAi-Coder",
+            "--expires-at",
+            "2099-01-31T00:00:00Z",
+            "--requests-per-minute",
+            "5",
+            "--tokens-per-minute",
+            "5000",
+            "--concurrent-requests",
+            "2",
+            "--tokens-per-day",
+            "50000",
+            "--monthly-tokens",
+            "100000",
+            "--json",
+        )
+    )
     assert key["models"] == ["ServiceAi-Fast", "ServiceAi-Coder"]
     assert key["expires_at"] == "2099-01-31T00:00:00Z" and key["monthly_tokens"] == 100000
-    assert key["limits"] == {"requests_per_minute": 5, "tokens_per_minute": 5000,
-                             "concurrent_requests": 2, "tokens_per_day": 50000}
+    assert key["limits"] == {
+        "requests_per_minute": 5,
+        "tokens_per_minute": 5000,
+        "concurrent_requests": 2,
+        "tokens_per_day": 50000,
+    }
 
     # One limit given changes that limit only; --all-models and --no-expiry clear.
-    updated = json_of(serviceai("keys", "update", key["id"], "--tokens-per-minute", "700",
-                                "--all-models", "--expires-in", "30d", "--json"))
+    updated = json_of(
+        serviceai(
+            "keys",
+            "update",
+            key["id"],
+            "--tokens-per-minute",
+            "700",
+            "--all-models",
+            "--expires-in",
+            "30d",
+            "--json",
+        )
+    )
     assert updated["models"] is None and updated["limits"]["tokens_per_minute"] == 700
     assert updated["limits"]["requests_per_minute"] == 5
     expires = datetime.fromisoformat(updated["expires_at"])
@@ -290,24 +372,30 @@ def test_keys_scoped_updated_and_rotated_from_the_cli(serviceai):
     listed = {k["id"]: k for k in json_of(serviceai("keys", "list", "--json"))["data"]}
     assert listed[key["id"]]["revoked"] is True and listed[rotated["id"]]["revoked"] is False
 
-    for args, message in ((("--expires-in", "soon"), "--expires-in"),
-                          (("--requests-per-minute", "0"), "requests-per-minute"),
-                          (("--expires-in", "1d", "--expires-at", "2099-01-01T00:00:00Z"),
-                           "not both")):
+    for args, message in (
+        (("--expires-in", "soon"), "--expires-in"),
+        (("--requests-per-minute", "0"), "requests-per-minute"),
+        (("--expires-in", "1d", "--expires-at", "2099-01-01T00:00:00Z"), "not both"),
+    ):
         code, _, err = serviceai("keys", "create", "--user", "ada@example.com", *args)
         assert code == EXIT_USAGE and message in err, err
 
 
 def test_a_users_monthly_budget_from_the_cli_and_in_the_usage_report(serviceai):
     json_of(serviceai("users", "create", "--email", "ada@example.com", "--json"))
-    user = json_of(serviceai("users", "set-budget", "ada@example.com", "--monthly-tokens",
-                             "5000", "--json"))
+    user = json_of(
+        serviceai("users", "set-budget", "ada@example.com", "--monthly-tokens", "5000", "--json")
+    )
     assert user["monthly_tokens"] == 5000
     report = json_of(serviceai("usage", "--user", "ada@example.com", "--json"))
     assert report["budget"]["monthly_tokens"] == 5000 and report["budget"]["left"] == 5000
     code, out, _ = serviceai("usage", "--user", "ada@example.com")
     assert code == 0 and "0 of 5000 tokens used, 5000 left" in out
-    assert json_of(serviceai("users", "set-budget", "ada@example.com", "--none",
-                             "--json"))["monthly_tokens"] is None
+    assert (
+        json_of(serviceai("users", "set-budget", "ada@example.com", "--none", "--json"))[
+            "monthly_tokens"
+        ]
+        is None
+    )
     code, _, err = serviceai("users", "set-budget", "ada@example.com")
     assert code == EXIT_USAGE and "--none" in err

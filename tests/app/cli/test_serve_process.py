@@ -81,12 +81,20 @@ class Supervised:
         supervisor.write_text(SUPERVISOR)
         self.report, self.log = tmp_path / "report", tmp_path / "log"
         self.job_status = tmp_path / "job-status"
-        args = " ".join([sys.executable, str(supervisor), str(fake), str(self.report), mode,
-                         str(tmp_path)])
+        args = " ".join(
+            [sys.executable, str(supervisor), str(fake), str(self.report), mode, str(tmp_path)]
+        )
         self.shell = subprocess.Popen(
-            ["bash", "-c", f"grep ^SigIgn: /proc/self/status > {self.job_status} & "
-                           f"{args} > {self.log} 2>&1 & echo $!; wait $!; echo $?"],
-            stdout=subprocess.PIPE, text=True, cwd=PROJECT_ROOT, start_new_session=True,
+            [
+                "bash",
+                "-c",
+                f"grep ^SigIgn: /proc/self/status > {self.job_status} & "
+                f"{args} > {self.log} 2>&1 & echo $!; wait $!; echo $?",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=PROJECT_ROOT,
+            start_new_session=True,
         )
         self.pid = int(self.shell.stdout.readline())
         wait_for(self.report.exists, what="the stand-in serve run")
@@ -171,7 +179,8 @@ def start_haproxy(config_dir: Path, port: int) -> subprocess.Popen:
 
     config_dir.mkdir(parents=True)
     config = config_dir / "haproxy.cfg"
-    config.write_text(textwrap.dedent(f"""
+    config.write_text(
+        textwrap.dedent(f"""
         defaults
             mode http
             timeout connect 1s
@@ -180,9 +189,11 @@ def start_haproxy(config_dir: Path, port: int) -> subprocess.Popen:
         frontend web
             bind 127.0.0.1:{port}
             http-request return status 200
-    """))
-    haproxy = subprocess.Popen([get_haproxy_binary(), "-db", "-f", str(config)],
-                               start_new_session=True)
+    """)
+    )
+    haproxy = subprocess.Popen(
+        [get_haproxy_binary(), "-db", "-f", str(config)], start_new_session=True
+    )
     wait_for(lambda: port_held(port), what="HAProxy to listen")
     return haproxy
 
@@ -195,8 +206,9 @@ def test_a_start_stops_the_haproxy_an_earlier_run_left_in_its_runtime_folder(tmp
     with claim_runtime_dir(runtime, port):
         clear_port(runtime, "127.0.0.1", port, said.append)
     assert haproxy.wait(timeout=5) is not None and not port_held(port)
-    assert said == [f"Stopping HAProxy left by an earlier run: pid {haproxy.pid} "
-                    f"({get_command(haproxy)})"]
+    assert said == [
+        f"Stopping HAProxy left by an earlier run: pid {haproxy.pid} ({get_command(haproxy)})"
+    ]
 
 
 def get_command(process: subprocess.Popen) -> str:

@@ -8,9 +8,15 @@ from tests.conftest import app_args
 
 def test_shipped_local_config_is_valid():
     config = ServiceConfig.model_validate(app_args())
-    assert [m.name for m in config.model_types] == ["ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"]
+    assert [m.name for m in config.model_types] == [
+        "ServiceAi-Fast",
+        "ServiceAi-Pro",
+        "ServiceAi-Coder",
+    ]
     assert {m.model_env for m in config.model_types} == {
-        "SERVICEAI_MODEL_FAST", "SERVICEAI_MODEL_PRO", "SERVICEAI_MODEL_CODER"
+        "SERVICEAI_MODEL_FAST",
+        "SERVICEAI_MODEL_PRO",
+        "SERVICEAI_MODEL_CODER",
     }
 
 
@@ -59,7 +65,9 @@ def test_separate_model_apps_binds_the_ingress_only_and_looks_each_type_up_by_it
     assert ingress.init_args[1] is None
     config = ingress.init_args[0]
     assert [config.model_type_app(m.name) for m in config.model_types] == [
-        "ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"
+        "ServiceAi-Fast",
+        "ServiceAi-Pro",
+        "ServiceAi-Coder",
     ]
     assert ServiceConfig.model_validate(app_args()).model_type_app("ServiceAi-Fast") is None
 
@@ -122,7 +130,9 @@ def test_model_type_application_is_the_model_deployment_with_its_options():
 def test_ingress_pinning_rollout_and_drain_options_reach_serve():
     args = app_args()
     args["ingress"].update(
-        resources={"serviceai_ingress": 0.001}, max_surge_percent=25, graceful_shutdown_timeout_s=600
+        resources={"serviceai_ingress": 0.001},
+        max_surge_percent=25,
+        graceful_shutdown_timeout_s=600,
     )
     ingress = build_app(args)._bound_deployment
     assert ingress._replica_config.resource_dict == {"CPU": 0.25, "serviceai_ingress": 0.001}

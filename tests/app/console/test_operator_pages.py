@@ -21,8 +21,8 @@ def operator_routes(browser: Browser) -> list[tuple[str, str]]:
     [console] = [r.app for r in browser.app.routes if isinstance(r, Mount) and r.path == "/console"]
     return sorted(
         (method, route.path)
-        for route in console.routes if isinstance(route, APIRoute)
-        and route.path.startswith("/admin")
+        for route in console.routes
+        if isinstance(route, APIRoute) and route.path.startswith("/admin")
         for method in route.methods - {"HEAD"}
     )
 
@@ -38,16 +38,32 @@ async def test_every_operator_page_and_action_is_refused_to_a_user(browser, stor
     await browser.sign_up("ada@example.com")
     routes = operator_routes(browser)
     # The listing is the app's own: a page added later is in it without changing this test.
-    assert {("GET", "/admin/users"), ("GET", "/admin/users/{user_id}"), ("GET", "/admin/keys"),
-            ("GET", "/admin/plans"), ("GET", "/admin/usage"), ("GET", "/admin/usage.csv"),
-            ("GET", "/admin/audit"), ("POST", "/admin/users"),
-            ("GET", "/admin/keys/{key_id}/revoke"), ("POST", "/admin/keys/{key_id}/revoke")
-            } <= set(routes)
+    assert {
+        ("GET", "/admin/users"),
+        ("GET", "/admin/users/{user_id}"),
+        ("GET", "/admin/keys"),
+        ("GET", "/admin/plans"),
+        ("GET", "/admin/usage"),
+        ("GET", "/admin/usage.csv"),
+        ("GET", "/admin/audit"),
+        ("POST", "/admin/users"),
+        ("GET", "/admin/keys/{key_id}/revoke"),
+        ("POST", "/admin/keys/{key_id}/revoke"),
+    } <= set(routes)
     token = csrf_of(await browser.get("/keys"))
     for method, path in routes:
         url = "/console" + path.format(user_id=victim.id, key_id=key.id)
-        data = {"csrf_token": token, "plan": "pro", "role": "admin", "email": "eve@example.com",
-                "name": "x"} if method == "POST" else None
+        data = (
+            {
+                "csrf_token": token,
+                "plan": "pro",
+                "role": "admin",
+                "email": "eve@example.com",
+                "name": "x",
+            }
+            if method == "POST"
+            else None
+        )
         response = await browser.client.request(method, url, data=data)
         assert response.status_code == 403, (method, path)
         assert REFUSED in response.text and "<h1>403</h1>" in response.text, (method, path)
@@ -66,8 +82,9 @@ async def test_a_visitor_is_sent_to_sign_in_and_a_lost_role_takes_effect_at_once
 
 async def test_an_operator_manages_a_user_and_their_keys_and_each_action_is_audited(browser, store):
     await operator(browser, store)
-    created = await browser.submit("/admin/users", "/admin/users", email="Ada@Example.com",
-                                   plan="free", password=PASSWORD)
+    created = await browser.submit(
+        "/admin/users", "/admin/users", email="Ada@Example.com", plan="free", password=PASSWORD
+    )
     ada = await store.get_user("ada@example.com")
     assert created.headers["location"] == f"/console/admin/users/{ada.id}"
     page = f"/admin/users/{ada.id}"
@@ -84,8 +101,9 @@ async def test_an_operator_manages_a_user_and_their_keys_and_each_action_is_audi
     ada = await store.get_user(ada.id)
     assert (ada.plan, ada.disabled, ada.role) == ("pro", False, "admin")
 
-    issued = await browser.submit(page, f"{page}/keys", name="ci", models="ServiceAi-Fast",
-                                  tokens_per_day="5000")
+    issued = await browser.submit(
+        page, f"{page}/keys", name="ci", models="ServiceAi-Fast", tokens_per_day="5000"
+    )
     assert issued.status_code == 201
     secret = _SECRET.search(issued.text).group(1)
     [key] = (await store.list_keys(ada.id)).data
@@ -104,12 +122,15 @@ async def test_an_operator_manages_a_user_and_their_keys_and_each_action_is_audi
     assert confirm.status_code == 200 and new_key.display in confirm.text
     assert "ada@example.com" in confirm.text and "This cannot be" in confirm.text
     assert not (await store.get_key(new_key.id)).revoked
-    revoked = await browser.submit(f"/admin/keys/{new_key.id}/revoke",
-                                   f"/admin/keys/{new_key.id}/revoke")
+    revoked = await browser.submit(
+        f"/admin/keys/{new_key.id}/revoke", f"/admin/keys/{new_key.id}/revoke"
+    )
     assert revoked.headers["location"] == f"/console/admin/users/{ada.id}"
     again = await browser.get(f"/admin/keys/{new_key.id}/revoke")  # nothing left to confirm
     assert again.headers["location"] == f"/console/admin/users/{ada.id}"
-    refused = await browser.client.get("/v1/models", headers={"Authorization": f"Bearer {new_secret}"})
+    refused = await browser.client.get(
+        "/v1/models", headers={"Authorization": f"Bearer {new_secret}"}
+    )
     assert refused.status_code == 401
 
     listed = await browser.get(f"/admin/keys?user={ada.email}")
@@ -118,9 +139,14 @@ async def test_an_operator_manages_a_user_and_their_keys_and_each_action_is_audi
     audit = (await browser.get("/admin/audit")).text
     actions = re.findall(r'data-action="([^"]+)" data-target="([^"]+)"', audit)
     assert actions == [
-        ("key.revoke", new_key.id), ("key.rotate", key.id), ("key.create", key.id),
-        ("user.set_role", ada.email), ("user.enable", ada.email), ("user.disable", ada.email),
-        ("user.set_plan", ada.email), ("user.create", ada.email),
+        ("key.revoke", new_key.id),
+        ("key.rotate", key.id),
+        ("key.create", key.id),
+        ("user.set_role", ada.email),
+        ("user.enable", ada.email),
+        ("user.disable", ada.email),
+        ("user.set_plan", ada.email),
+        ("user.create", ada.email),
     ]
     entries = (await store.audit_log()).data
     assert {(e.source, e.actor) for e in entries} == {("console", "root@example.com")}
@@ -148,24 +174,37 @@ async def test_users_and_keys_are_listed_newest_first_fifty_a_page(browser, stor
 async def test_forms_without_the_csrf_token_change_nothing(browser, store):
     await operator(browser, store)
     ada = await store.create_user("ada@example.com")
-    response = await browser.client.post(f"/console/admin/users/{ada.id}/plan", data={"plan": "pro"})
+    response = await browser.client.post(
+        f"/console/admin/users/{ada.id}/plan", data={"plan": "pro"}
+    )
     assert response.status_code == 403 and "did not come from this console" in response.text
     assert (await store.get_user(ada.id)).plan == "free"
     assert (await store.audit_log()).data == []
 
 
-@pytest.mark.parametrize("bad", ["/admin/users/user_nope", "/admin/usage?days=14",
-                                 "/admin/audit?before=x", f"/admin/audit?before={2**63}",
-                                 "/admin/audit?before=\u00b2", f"/admin/usage?days={10**30}"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "/admin/users/user_nope",
+        "/admin/usage?days=14",
+        "/admin/audit?before=x",
+        f"/admin/audit?before={2**63}",
+        "/admin/audit?before=\u00b2",
+        f"/admin/usage?days={10**30}",
+    ],
+)
 async def test_wrong_addresses_are_explained_on_the_consoles_error_page(browser, store, bad):
     await operator(browser, store)
     response = await browser.get(bad)
     assert response.status_code in (400, 404) and 'class="error"' in response.text
 
 
-@pytest.mark.parametrize(("hours", "said"), [("1", "which works 1 hour more"),
-                                             ("0", "now revoked")])
-async def test_the_operator_chooses_how_long_a_rotated_key_keeps_working(browser, store, hours, said):
+@pytest.mark.parametrize(
+    ("hours", "said"), [("1", "which works 1 hour more"), ("0", "now revoked")]
+)
+async def test_the_operator_chooses_how_long_a_rotated_key_keeps_working(
+    browser, store, hours, said
+):
     await operator(browser, store)
     ada = await store.create_user("ada@example.com")
     key = await store.create_key(ada.id)
@@ -195,8 +234,11 @@ async def test_plans_show_their_limits_and_how_many_users_each_has(browser, stor
     for n in range(3):
         await store.create_user(f"u{n}@example.com", "pro")
     page = (await browser.get("/admin/plans")).text
-    assert re.search(r'data-plan="pro">\s*<h2><span class="plan">pro</span>: '
-                     r'<span class="count">3</span> users', page)
+    assert re.search(
+        r'data-plan="pro">\s*<h2><span class="plan">pro</span>: '
+        r'<span class="count">3</span> users',
+        page,
+    )
     assert re.search(r'<span class="count">1</span> user</h2>', page)  # the operator, on free
     assert "ServiceAi-Coder" in page
 

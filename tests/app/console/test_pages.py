@@ -22,9 +22,9 @@ async def test_a_new_key_is_shown_once_and_works_on_the_api(browser, store):
     assert keygen.is_well_formed(secret)
     [key] = (await store.list_keys("ada@example.com")).data
     assert (key.name, key.display) == ("laptop", keygen.display_form(secret))
-    assert (await browser.client.get(
-        "/v1/models", headers={"Authorization": f"Bearer {secret}"}
-    )).status_code == 200
+    assert (
+        await browser.client.get("/v1/models", headers={"Authorization": f"Bearer {secret}"})
+    ).status_code == 200
 
     listed = await browser.get("/keys")
     assert secret not in listed.text and key.display in listed.text and "laptop" in listed.text
@@ -64,9 +64,7 @@ async def test_another_users_key_cannot_be_revoked(browser, store):
     assert not (await store.list_keys(bob.id)).data[0].revoked
 
 
-async def test_a_rotated_key_is_replaced_and_the_old_one_works_for_the_hours_chosen(
-    browser, store
-):
+async def test_a_rotated_key_is_replaced_and_the_old_one_works_for_the_hours_chosen(browser, store):
     await browser.sign_up("ada@example.com")
     old_secret = _SECRET.search((await create_key(browser, "ci")).text).group(1)
     [old] = (await store.list_keys("ada@example.com")).data
@@ -80,9 +78,9 @@ async def test_a_rotated_key_is_replaced_and_the_old_one_works_for_the_hours_cho
     new, kept = (await store.list_keys("ada@example.com", order="desc")).data
     assert (new.name, kept.id, kept.revoked) == ("ci", old.id, False)
     for secret in (old_secret, new_secret):
-        assert (await browser.client.get(
-            "/v1/models", headers={"Authorization": f"Bearer {secret}"}
-        )).status_code == 200
+        assert (
+            await browser.client.get("/v1/models", headers={"Authorization": f"Bearer {secret}"})
+        ).status_code == 200
     listed = (await browser.get("/keys")).text
     assert "rotated: works until" in listed
     assert listed.index(new.display) < listed.index(old.display)  # newest first
@@ -127,26 +125,28 @@ async def test_the_quick_start_names_the_public_base_url_and_plan(browser):
     assert 'base_url="http://127.0.0.1:8123/v1"' in keys.text
     assert 'os.environ["SERVICEAI_API_KEY"]' in keys.text
     plan = await browser.get("/plan")
-    assert "Plan: <span class=\"plan\">free</span>" in plan.text
+    assert 'Plan: <span class="plan">free</span>' in plan.text
 
 
 async def test_the_plan_page_shows_todays_usage_against_the_plans_limits(browser, store):
     await browser.sign_up("ada@example.com")
     key = await store.create_key("ada@example.com", "laptop")
     yesterday = today() - timedelta(days=1)
-    await store.record_usage({
-        UsageKey(key.id, "ServiceAi-Pro", today()): UsageCount(3, 30, 12),
-        UsageKey(key.id, "ServiceAi-Pro", yesterday): UsageCount(100, 1000, 1000),
-    })
+    await store.record_usage(
+        {
+            UsageKey(key.id, "ServiceAi-Pro", today()): UsageCount(3, 30, 12),
+            UsageKey(key.id, "ServiceAi-Pro", yesterday): UsageCount(100, 1000, 1000),
+        }
+    )
     page = (await browser.get("/plan")).text
-    pro = page[page.index('data-model="ServiceAi-Pro"'):]
-    pro = pro[:pro.index("</tr>")]
+    pro = page[page.index('data-model="ServiceAi-Pro"') :]
+    pro = pro[: pro.index("</tr>")]
     # Today's 3 requests and 42 tokens, not yesterday's; the free plan's Pro limits.
     assert re.findall(r'<td class="number">([^<]+)</td>', pro)[:2] == ["3", "42"]
     assert "200,000" in pro and "10 requests<br>20,000 tokens" in pro
-    fast = page[page.index('data-model="ServiceAi-Fast"'):]
+    fast = page[page.index('data-model="ServiceAi-Fast"') :]
     assert re.findall(r'<td class="number">([^<]+)</td>', fast)[:2] == ["0", "0"]
-    assert "20,000,000" in fast[:fast.index("</tr>")]
+    assert "20,000,000" in fast[: fast.index("</tr>")]
     assert "Monthly budget" not in page
     # A monthly budget: what this month's usage took of it (yesterday's too, if this month).
     await store.update_user("ada@example.com", monthly_tokens=100_000)
@@ -179,9 +179,16 @@ async def test_the_key_form_takes_the_apis_scopes_and_the_list_shows_them(browse
     await browser.sign_up("ada@example.com")
     later = (today() + timedelta(days=30)).isoformat()
     created = await browser.submit(
-        "/keys", "/keys", name="scoped", models=["ServiceAi-Coder", "ServiceAi-Fast"],
-        expires_on=later, tokens_per_minute="900", monthly_tokens="50000",
-        requests_per_minute="", concurrent_requests="", tokens_per_day="",
+        "/keys",
+        "/keys",
+        name="scoped",
+        models=["ServiceAi-Coder", "ServiceAi-Fast"],
+        expires_on=later,
+        tokens_per_minute="900",
+        monthly_tokens="50000",
+        requests_per_minute="",
+        concurrent_requests="",
+        tokens_per_day="",
     )
     assert created.status_code == 201, created.text
     [key] = (await store.list_keys("ada@example.com")).data
@@ -196,9 +203,11 @@ async def test_the_key_form_takes_the_apis_scopes_and_the_list_shows_them(browse
     plain = await browser.submit("/keys", "/keys", name="plain")
     assert plain.status_code == 201 and "all of your plan" in plain.text
 
-    for fields, message in (({"tokens_per_day": "0"}, "Tokens per day"),
-                            ({"expires_on": today().isoformat()}, "Expires on"),
-                            ({"models": "GPT-9"}, "no model type")):
+    for fields, message in (
+        ({"tokens_per_day": "0"}, "Tokens per day"),
+        ({"expires_on": today().isoformat()}, "Expires on"),
+        ({"models": "GPT-9"}, "no model type"),
+    ):
         refused = await browser.submit("/keys", "/keys", name="bad", **fields)
         assert refused.status_code == 400 and message in refused.text, refused.text
     assert len((await store.list_keys("ada@example.com")).data) == 2

@@ -37,7 +37,9 @@ async def test_a_session_holds_on_every_replica_until_it_signs_out_on_one(new_br
 async def test_a_new_password_ends_every_session(new_browser, store):
     browser = new_browser()
     await browser.sign_up("ada@example.com")
-    await store.set_password("ada@example.com", "a brand new password")  # `serviceai users set-password`
+    await store.set_password(
+        "ada@example.com", "a brand new password"
+    )  # `serviceai users set-password`
     assert (await browser.get("/keys")).status_code == 303
     assert (await browser.sign_in("ada@example.com", PASSWORD)).status_code == 401
     assert (await browser.sign_in("ada@example.com", "a brand new password")).status_code == 303
@@ -52,9 +54,7 @@ async def test_a_new_password_ends_every_session(new_browser, store):
         ({"autoscaling_config": {"min_replicas": 2, "max_replicas": 16}}, 16),
     ],
 )
-def test_an_ingress_of_several_replicas_refuses_to_start_without_a_shared_secret(
-    ingress, replicas
-):
+def test_an_ingress_of_several_replicas_refuses_to_start_without_a_shared_secret(ingress, replicas):
     most = IngressConfig.model_validate(ingress).most_replicas()
     assert most == replicas
     require_shared_secret(console_settings(), most)

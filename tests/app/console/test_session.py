@@ -63,8 +63,10 @@ async def test_signing_out_ends_the_session(browser):
 @pytest.mark.parametrize(
     "action, fields",
     [
-        ("/sign-up", {"email": "eve@example.com", "password": PASSWORD,
-                      "password_again": PASSWORD}),
+        (
+            "/sign-up",
+            {"email": "eve@example.com", "password": PASSWORD, "password_again": PASSWORD},
+        ),
         ("/sign-in", {"email": "ada@example.com", "password": PASSWORD}),
         ("/sign-out", {}),
         ("/keys", {"name": "forged"}),

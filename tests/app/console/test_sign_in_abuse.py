@@ -66,10 +66,15 @@ async def test_sign_up_can_be_turned_off(new_browser, store: KeyStore):
     assert "does not take sign-ups" in page.text and 'action="/console/sign-up"' not in page.text
     assert "Sign up</a>" not in (await browser.get("/sign-in")).text
     token_page = await browser.get("/sign-in")
-    refused = await browser.client.post("/console/sign-up", data={
-        "csrf_token": csrf_of(token_page), "email": "eve@example.com",
-        "password": PASSWORD, "password_again": PASSWORD,
-    })
+    refused = await browser.client.post(
+        "/console/sign-up",
+        data={
+            "csrf_token": csrf_of(token_page),
+            "email": "eve@example.com",
+            "password": PASSWORD,
+            "password_again": PASSWORD,
+        },
+    )
     assert refused.status_code == 403
     assert (await store.list_users()).data == []
 
@@ -77,8 +82,11 @@ async def test_sign_up_can_be_turned_off(new_browser, store: KeyStore):
 async def test_a_trusted_proxy_that_names_nobody_counts_against_the_shared_ceiling(new_browser):
     """Behind a trusted proxy with no X-Forwarded-For the address is unknowable: those attempts
     share a ceiling sized to hashing work, not one browser's 2 a minute."""
-    proxy = new_browser(sign_in_limit_per_address="2/minute", sign_in_limit_shared="4/minute",
-                        trusted_proxies=["127.0.0.1"])
+    proxy = new_browser(
+        sign_in_limit_per_address="2/minute",
+        sign_in_limit_shared="4/minute",
+        trusted_proxies=["127.0.0.1"],
+    )
     statuses = [(await proxy.sign_in(f"{n}@example.com")).status_code for n in range(5)]
     assert statuses == [401] * 4 + [429]
     # A browser the proxy names is still its own.

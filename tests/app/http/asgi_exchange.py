@@ -11,9 +11,17 @@ from starlette.types import ASGIApp, Message
 
 def http_scope(path: str = "/v1/chat/completions", *headers: tuple[str, str]) -> dict:
     return {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-        "query_string": b"", "client": ("127.0.0.1", 1), "server": ("test", 80),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "client": ("127.0.0.1", 1),
+        "server": ("test", 80),
         "headers": [(k.lower().encode(), v.encode()) for k, v in headers],
     }
 
@@ -22,9 +30,7 @@ class Exchange:
     """`pieces` of body, then the body ends (`"end"`), or the client stops sending mid-body and
     waits (`"stall"`) or leaves (`"leave"`)."""
 
-    def __init__(
-        self, pieces: list[bytes], then: Literal["end", "stall", "leave"] = "end"
-    ) -> None:
+    def __init__(self, pieces: list[bytes], then: Literal["end", "stall", "leave"] = "end") -> None:
         self._pieces = list(pieces)
         self._then = then
         self.log: list[tuple[str, Message]] = []
@@ -74,7 +80,8 @@ class Exchange:
     def ended_after_the_last_read(self) -> bool:
         last_read = max(i for i, (kind, _) in enumerate(self.log) if kind == "read")
         end = next(
-            i for i, (_, m) in enumerate(self.log)
+            i
+            for i, (_, m) in enumerate(self.log)
             if m["type"] == "http.response.body" and not m.get("more_body", False)
         )
         return end > last_read

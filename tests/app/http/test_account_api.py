@@ -24,7 +24,12 @@ async def test_create_list_and_revoke_own_keys(api, ada):
     created = await api.post("/v1/account/keys", json={"name": "  ci  "}, headers=auth)
     assert created.status_code == 201
     new = created.json()
-    assert (new["object"], new["user_id"], new["name"], new["revoked"]) == ("api_key", user.id, "ci", False)
+    assert (new["object"], new["user_id"], new["name"], new["revoked"]) == (
+        "api_key",
+        user.id,
+        "ci",
+        False,
+    )
     assert (await api.get("/v1/models", headers=bearer(new["key"]))).status_code == 200
     assert (await api.post("/v1/account/keys", headers=auth)).json()["name"] is None
 
@@ -34,7 +39,10 @@ async def test_create_list_and_revoke_own_keys(api, ada):
 
     revoked = await api.delete(f"/v1/account/keys/{new['id']}", headers=auth)
     assert revoked.status_code == 200 and revoked.json()["revoked"]
-    assert "revoked" in error_of(await api.get("/v1/models", headers=bearer(new["key"])), 401)["message"]
+    assert (
+        "revoked"
+        in error_of(await api.get("/v1/models", headers=bearer(new["key"])), 401)["message"]
+    )
     assert (await api.get("/v1/account/keys", headers=auth)).status_code == 200
 
 
@@ -52,8 +60,13 @@ async def test_a_user_cannot_touch_another_users_keys(api, store, ada):
 async def test_a_key_can_revoke_itself(api, ada):
     _, key = ada
     own = (await api.get("/v1/account/keys", headers=bearer(key))).json()["data"][0]
-    assert (await api.delete(f"/v1/account/keys/{own['id']}", headers=bearer(key))).status_code == 200
-    assert error_of(await api.get("/v1/account/keys", headers=bearer(key)), 401)["code"] == "invalid_api_key"
+    assert (
+        await api.delete(f"/v1/account/keys/{own['id']}", headers=bearer(key))
+    ).status_code == 200
+    assert (
+        error_of(await api.get("/v1/account/keys", headers=bearer(key)), 401)["code"]
+        == "invalid_api_key"
+    )
 
 
 async def test_limits_and_bad_input(api, store, ada):
@@ -62,7 +75,9 @@ async def test_limits_and_bad_input(api, store, ada):
         assert (await api.post("/v1/account/keys", headers=bearer(key))).status_code == 201
     error = error_of(await api.post("/v1/account/keys", headers=bearer(key)), 409)
     assert error["code"] == "api_key_limit_reached"
-    error = error_of(await api.post("/v1/account/keys", json={"name": "x" * 101}, headers=bearer(key)), 400)
+    error = error_of(
+        await api.post("/v1/account/keys", json={"name": "x" * 101}, headers=bearer(key)), 400
+    )
     assert error["param"] == "name"
 
 

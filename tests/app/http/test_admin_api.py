@@ -27,7 +27,9 @@ async def test_without_an_admin_token_the_admin_api_does_not_exist(store):
     app = create_api(
         ModelRouter({}, created=0), KeyVerifier(store), shipped_limits(), UsageMeter(store)
     )
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://t"
+    ) as client:
         response = await client.get("/admin/users", headers=bearer(ADMIN_TOKEN))
         assert error_of(response, 404)["code"] == "unknown_url"
         paths = (await client.get("/openapi.json")).json()["paths"]
@@ -37,8 +39,14 @@ async def test_without_an_admin_token_the_admin_api_does_not_exist(store):
 
 async def test_the_admin_api_is_in_the_openapi_schema(api):
     schema = (await api.get("/openapi.json")).json()
-    assert {"/admin/users", "/admin/users/{user}", "/admin/users/{user}/keys", "/admin/keys",
-            "/admin/keys/{key_id}", "/admin/keys/{key_id}/rotate"} <= set(schema["paths"])
+    assert {
+        "/admin/users",
+        "/admin/users/{user}",
+        "/admin/users/{user}/keys",
+        "/admin/keys",
+        "/admin/keys/{key_id}",
+        "/admin/keys/{key_id}/rotate",
+    } <= set(schema["paths"])
     assert set(schema["paths"]["/admin/keys/{key_id}"]) == {"delete", "patch"}
     assert {"AdminToken", "ApiKey"} <= set(schema["components"]["securitySchemes"])
 
@@ -57,12 +65,21 @@ async def test_only_the_admin_token_opens_it(api, store, token):
 
 async def test_users(admin):
     ada = await create_user(admin, "Ada@Example.com")
-    assert (ada["object"], ada["email"], ada["plan"], ada["disabled"]) == ("user", "ada@example.com", "free", False)
+    assert (ada["object"], ada["email"], ada["plan"], ada["disabled"]) == (
+        "user",
+        "ada@example.com",
+        "free",
+        False,
+    )
     pro = await create_user(admin, "bob@example.com", plan="pro")
     assert pro["plan"] == "pro"
     assert (await admin.get("/admin/users/ada@example.com")).json() == ada
     page = (await admin.get("/admin/users", params={"limit": 1})).json()
-    assert (page["object"], [u["id"] for u in page["data"]], page["has_more"]) == ("list", [ada["id"]], True)
+    assert (page["object"], [u["id"] for u in page["data"]], page["has_more"]) == (
+        "list",
+        [ada["id"]],
+        True,
+    )
     page = (await admin.get("/admin/users", params={"after": ada["id"]})).json()
     assert ([u["id"] for u in page["data"]], page["has_more"]) == ([pro["id"]], False)
     newest = (await admin.get("/admin/users", params={"order": "desc"})).json()
@@ -98,8 +115,18 @@ async def test_roles_and_the_audit_log(admin):
     ("request_args", "status", "code", "param"),
     [
         (("post", "/admin/users", {"email": "not-an-email"}), 400, "invalid_value", "email"),
-        (("post", "/admin/users", {"email": "x@example.com", "plan": "Gold Plan"}), 400, "invalid_value", "plan"),
-        (("post", "/admin/users", {"email": "x@example.com", "admin": True}), 400, "invalid_value", "admin"),
+        (
+            ("post", "/admin/users", {"email": "x@example.com", "plan": "Gold Plan"}),
+            400,
+            "invalid_value",
+            "plan",
+        ),
+        (
+            ("post", "/admin/users", {"email": "x@example.com", "admin": True}),
+            400,
+            "invalid_value",
+            "admin",
+        ),
         (("post", "/admin/users", {}), 400, "missing_required_parameter", "email"),
         (("get", "/admin/users/nobody@example.com", None), 404, "user_not_found", "user"),
         (("patch", "/admin/users/user_nope", {"disabled": True}), 404, "user_not_found", "user"),
@@ -128,7 +155,10 @@ async def test_a_second_user_with_the_same_email_is_a_409(admin):
 
 async def test_keys_revocation_and_disabling(admin):
     ada = await create_user(admin)
-    first, second = await create_key(admin, ada["id"], "laptop"), await create_key(admin, ada["email"])
+    first, second = (
+        await create_key(admin, ada["id"], "laptop"),
+        await create_key(admin, ada["email"]),
+    )
     assert first["key"].startswith("sai-") and first["name"] == "laptop" and second["name"] is None
     models = "/v1/models"
     for key in (first, second):

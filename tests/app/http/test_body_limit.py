@@ -28,7 +28,10 @@ PIECE = b" " * 4096
 async def limited(store) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
     """The API with a 64 KiB body limit, and a valid key of its store."""
     app = create_api(
-        ModelRouter({}, created=0), KeyVerifier(store), shipped_limits(), UsageMeter(store),
+        ModelRouter({}, created=0),
+        KeyVerifier(store),
+        shipped_limits(),
+        UsageMeter(store),
         max_body_bytes=LIMIT,
     )
     user = await store.create_user("ada@example.com")
@@ -47,8 +50,13 @@ def assert_too_large(response: httpx.Response) -> None:
 async def test_a_declared_length_over_the_limit_is_refused_unread(limited):
     client, key = limited
     response = await client.post(
-        "/v1/account/keys", content=b"{}",
-        headers={**bearer(key), "Content-Length": str(LIMIT + 1), "Content-Type": "application/json"},
+        "/v1/account/keys",
+        content=b"{}",
+        headers={
+            **bearer(key),
+            "Content-Length": str(LIMIT + 1),
+            "Content-Type": "application/json",
+        },
     )
     assert_too_large(response)
 
@@ -98,7 +106,8 @@ async def test_a_refusal_goes_out_whole_then_the_rest_of_the_body_is_dropped(fra
     # in HAProxy: the response ends only once the whole body has been read.
     pieces = [PIECE] * (4 * LIMIT // len(PIECE))
     header = (
-        ("content-length", str(4 * LIMIT)) if framing == "content-length"
+        ("content-length", str(4 * LIMIT))
+        if framing == "content-length"
         else ("transfer-encoding", "chunked")
     )
     exchange = Exchange(pieces)
@@ -165,7 +174,9 @@ async def test_a_body_too_slow_is_cut_off_with_408_and_not_waited_for_again():
 async def test_the_limit_holds_before_authentication(limited):
     client, _ = limited
     response = await client.post(
-        "/v1/chat/completions", content=b"x" * (LIMIT + 1), headers={"Content-Type": "application/json"}
+        "/v1/chat/completions",
+        content=b"x" * (LIMIT + 1),
+        headers={"Content-Type": "application/json"},
     )
     assert_too_large(response)
 
@@ -175,7 +186,9 @@ async def test_a_body_within_the_limit_is_served(limited):
     name = "n" * 100
     body = b'{"name": "%s"%s}' % (name.encode(), b" " * (LIMIT - 200))
     response = await client.post(
-        "/v1/account/keys", content=body, headers={**bearer(key), "Content-Type": "application/json"}
+        "/v1/account/keys",
+        content=body,
+        headers={**bearer(key), "Content-Type": "application/json"},
     )
     assert response.status_code == 201 and response.json()["name"] == name
 

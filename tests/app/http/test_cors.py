@@ -13,13 +13,19 @@ from app.config.settings import Settings
 from tests.app.conftest import bearer, shipped_limits
 
 PAGE = "http://localhost:3000"
-PREFLIGHT = {"Origin": PAGE, "Access-Control-Request-Method": "POST",
-             "Access-Control-Request-Headers": "authorization, content-type"}
+PREFLIGHT = {
+    "Origin": PAGE,
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type",
+}
 
 
 def client_of(store, origins: list[str]) -> httpx.AsyncClient:
     app = create_api(
-        ModelRouter({}, created=0), KeyVerifier(store), shipped_limits(), UsageMeter(store),
+        ModelRouter({}, created=0),
+        KeyVerifier(store),
+        shipped_limits(),
+        UsageMeter(store),
         cors_origins=origins,
     )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
@@ -49,7 +55,9 @@ async def test_open_to_the_configured_origins_only(store, key, monkeypatch):
     async with client_of(store, origins) as client:
         preflight = await client.options("/v1/chat/completions", headers=PREFLIGHT)
         answer = await client.get("/v1/models", headers={**bearer(key), "Origin": PAGE})
-        stranger = await client.get("/v1/models", headers={**bearer(key), "Origin": "https://evil.example"})
+        stranger = await client.get(
+            "/v1/models", headers={**bearer(key), "Origin": "https://evil.example"}
+        )
     assert preflight.status_code == 200
     assert preflight.headers["access-control-allow-origin"] == PAGE
     assert "authorization" in preflight.headers["access-control-allow-headers"].lower()

@@ -26,8 +26,12 @@ HI = [{"role": "user", "content": "hi"}]
 SCOPES = {
     "models": ["ServiceAi-Coder"],
     "expires_at": "2099-01-31T00:00:00Z",
-    "limits": {"requests_per_minute": 5, "tokens_per_minute": 5000,
-               "concurrent_requests": 1, "tokens_per_day": 50000},
+    "limits": {
+        "requests_per_minute": 5,
+        "tokens_per_minute": 5000,
+        "concurrent_requests": 1,
+        "tokens_per_day": 50000,
+    },
     "monthly_tokens": 100000,
 }
 
@@ -60,8 +64,9 @@ def admin() -> dict[str, str]:
 
 async def test_an_operator_scopes_a_key_and_changes_its_scopes(api, ada):
     user_id, _ = ada
-    created = await api.post(f"/admin/users/{user_id}/keys", json={"name": "app", **SCOPES},
-                             headers=admin())
+    created = await api.post(
+        f"/admin/users/{user_id}/keys", json={"name": "app", **SCOPES}, headers=admin()
+    )
     assert created.status_code == 201, created.text
     key = created.json()
     assert {field: key[field] for field in SCOPES} == SCOPES
@@ -69,30 +74,49 @@ async def test_an_operator_scopes_a_key_and_changes_its_scopes(api, ada):
     assert [k["models"] for k in listed["data"]] == [None, ["ServiceAi-Coder"]]
 
     # A field sent replaces it, null clears it, a field left out stays.
-    patched = await api.patch(f"/admin/keys/{key['id']}", headers=admin(),
-                              json={"models": None, "limits": {"requests_per_minute": 9}})
+    patched = await api.patch(
+        f"/admin/keys/{key['id']}",
+        headers=admin(),
+        json={"models": None, "limits": {"requests_per_minute": 9}},
+    )
     assert patched.status_code == 200, patched.text
     changed = patched.json()
     assert changed["models"] is None and changed["expires_at"] == SCOPES["expires_at"]
-    assert changed["limits"] == {"requests_per_minute": 9, "tokens_per_minute": None,
-                                 "concurrent_requests": None, "tokens_per_day": None}
+    assert changed["limits"] == {
+        "requests_per_minute": 9,
+        "tokens_per_minute": None,
+        "concurrent_requests": None,
+        "tokens_per_day": None,
+    }
     assert changed["monthly_tokens"] == 100000
 
-    unknown = await api.patch(f"/admin/keys/{key['id']}", json={"models": ["GPT-9"]},
-                              headers=admin())
+    unknown = await api.patch(
+        f"/admin/keys/{key['id']}", json={"models": ["GPT-9"]}, headers=admin()
+    )
     error = error_of(unknown, 400)
     assert error["param"] == "models" and "ServiceAi-Coder" in error["message"]
-    for bad in ({"limits": {"requests_per_minute": 0}}, {"expires_at": "2099-01-31T00:00:00"},
-                {"monthly_tokens": -1}, {"models": []}, {"colour": "red"}):
-        assert (await api.patch(f"/admin/keys/{key['id']}", json=bad,
-                                headers=admin())).status_code == 400, bad
+    for bad in (
+        {"limits": {"requests_per_minute": 0}},
+        {"expires_at": "2099-01-31T00:00:00"},
+        {"monthly_tokens": -1},
+        {"models": []},
+        {"colour": "red"},
+    ):
+        assert (
+            await api.patch(f"/admin/keys/{key['id']}", json=bad, headers=admin())
+        ).status_code == 400, bad
 
 
-@pytest.mark.parametrize("scopes", [
-    {"limits": {"concurrent_requests": 2**31}}, {"limits": {"requests_per_minute": 2**31}},
-    {"limits": {"tokens_per_day": 2**63}}, {"limits": {"tokens_per_minute": 2**63}},
-    {"monthly_tokens": 2**63},
-])
+@pytest.mark.parametrize(
+    "scopes",
+    [
+        {"limits": {"concurrent_requests": 2**31}},
+        {"limits": {"requests_per_minute": 2**31}},
+        {"limits": {"tokens_per_day": 2**63}},
+        {"limits": {"tokens_per_minute": 2**63}},
+        {"monthly_tokens": 2**63},
+    ],
+)
 async def test_a_number_beyond_what_the_store_holds_is_a_400_on_every_door(api, store, ada, scopes):
     user_id, key = ada
     param = next(iter(scopes["limits"])) if "limits" in scopes else "monthly_tokens"
@@ -112,22 +136,36 @@ async def test_a_number_beyond_what_the_store_holds_is_a_400_on_every_door(api, 
 async def test_a_key_calls_only_its_model_types(api, store, ada):
     user_id, _ = ada
     coder = await store.create_key(user_id, "coder", _scopes(models=["ServiceAi-Coder"]))
-    refused = await api.post("/v1/chat/completions", headers=bearer(coder.key),
-                             json={"model": "ServiceAi-Fast", "messages": HI})
+    refused = await api.post(
+        "/v1/chat/completions",
+        headers=bearer(coder.key),
+        json={"model": "ServiceAi-Fast", "messages": HI},
+    )
     error = error_of(refused, 403)
     assert (error["code"], error["param"]) == ("model_not_allowed", "model")
     assert "ServiceAi-Fast" in error["message"] and "ServiceAi-Coder" in error["message"]
     for path in ("/v1/completions", "/v1/responses"):
         body = {"model": "ServiceAi-Pro", "prompt": "hi", "input": "hi"}
-        body = {k: v for k, v in body.items() if (k == "prompt") == (path == "/v1/completions")
-                or k == "model"}
-        assert error_of(await api.post(path, json=body, headers=bearer(coder.key)),
-                        403)["code"] == "model_not_allowed"
+        body = {
+            k: v
+            for k, v in body.items()
+            if (k == "prompt") == (path == "/v1/completions") or k == "model"
+        }
+        assert (
+            error_of(await api.post(path, json=body, headers=bearer(coder.key)), 403)["code"]
+            == "model_not_allowed"
+        )
     retrieved = await api.get("/v1/models/ServiceAi-Pro", headers=bearer(coder.key))
     assert error_of(retrieved, 403)["code"] == "model_not_allowed"
     # An unknown model is still a 404 first.
-    assert error_of(await api.post("/v1/chat/completions", headers=bearer(coder.key),
-                                   json={"model": "nope", "messages": HI}), 404)
+    assert error_of(
+        await api.post(
+            "/v1/chat/completions",
+            headers=bearer(coder.key),
+            json={"model": "nope", "messages": HI},
+        ),
+        404,
+    )
 
 
 async def test_an_expired_key_is_refused_on_time_whatever_the_cache_holds(api, store, ada):
@@ -149,10 +187,12 @@ async def test_an_expired_key_is_refused_on_time_whatever_the_cache_holds(api, s
 
 async def test_rotation_gives_a_new_key_with_the_scopes_and_a_grace_period(api, store, ada):
     user_id, _ = ada
-    old = await store.create_key(user_id, "deploy", _scopes(models=["ServiceAi-Pro"],
-                                                            monthly_tokens=500))
-    rotated = await api.post(f"/admin/keys/{old.id}/rotate", json={"grace_seconds": 3600},
-                             headers=admin())
+    old = await store.create_key(
+        user_id, "deploy", _scopes(models=["ServiceAi-Pro"], monthly_tokens=500)
+    )
+    rotated = await api.post(
+        f"/admin/keys/{old.id}/rotate", json={"grace_seconds": 3600}, headers=admin()
+    )
     assert rotated.status_code == 201, rotated.text
     new = rotated.json()
     assert new["id"] != old.id and new["key"] != old.key
@@ -164,8 +204,11 @@ async def test_rotation_gives_a_new_key_with_the_scopes_and_a_grace_period(api, 
     assert listed["revoked"] is False and listed["revoked_at"] > time.time() + 3500
 
     # The key holder rotates the new one with no grace: it stops at once.
-    again = await api.post(f"/v1/account/keys/{new['id']}/rotate", json={"grace_seconds": 0},
-                           headers=bearer(new["key"]))
+    again = await api.post(
+        f"/v1/account/keys/{new['id']}/rotate",
+        json={"grace_seconds": 0},
+        headers=bearer(new["key"]),
+    )
     assert again.status_code == 201, again.text
     error = error_of(await api.get("/v1/account", headers=bearer(new["key"])), 401)
     assert "revoked" in error["message"]
@@ -176,45 +219,66 @@ async def test_rotation_gives_a_new_key_with_the_scopes_and_a_grace_period(api, 
 
 async def test_a_key_holder_narrows_keys_and_never_widens_them(api, store, ada):
     user_id, main = ada
-    scoped = await store.create_key(user_id, "scoped", _scopes(
-        models=["ServiceAi-Fast", "ServiceAi-Coder"], limits={"tokens_per_minute": 1000}))
+    scoped = await store.create_key(
+        user_id,
+        "scoped",
+        _scopes(models=["ServiceAi-Fast", "ServiceAi-Coder"], limits={"tokens_per_minute": 1000}),
+    )
     own = bearer(main)
-    narrowed = await api.patch(f"/v1/account/keys/{scoped.id}", headers=own,
-                               json={"models": ["ServiceAi-Coder"],
-                                     "limits": {"tokens_per_minute": 500}})
+    narrowed = await api.patch(
+        f"/v1/account/keys/{scoped.id}",
+        headers=own,
+        json={"models": ["ServiceAi-Coder"], "limits": {"tokens_per_minute": 500}},
+    )
     assert narrowed.status_code == 200, narrowed.text
     assert narrowed.json()["models"] == ["ServiceAi-Coder"]
-    for wider, field in (({"models": None}, "models"),
-                         ({"models": ["ServiceAi-Pro"]}, "models"),
-                         ({"limits": {"tokens_per_minute": 600}}, "limits.tokens_per_minute"),
-                         ({"limits": None}, "limits.tokens_per_minute")):
-        error = error_of(await api.patch(f"/v1/account/keys/{scoped.id}", json=wider,
-                                         headers=own), 403)
+    for wider, field in (
+        ({"models": None}, "models"),
+        ({"models": ["ServiceAi-Pro"]}, "models"),
+        ({"limits": {"tokens_per_minute": 600}}, "limits.tokens_per_minute"),
+        ({"limits": None}, "limits.tokens_per_minute"),
+    ):
+        error = error_of(
+            await api.patch(f"/v1/account/keys/{scoped.id}", json=wider, headers=own), 403
+        )
         assert (error["code"], error["param"]) == ("scope_not_narrower", field)
 
     # A scoped key makes keys at most as wide as itself.
-    made = await api.post("/v1/account/keys", headers=bearer(scoped.key),
-                          json={"name": "wider"})
+    made = await api.post("/v1/account/keys", headers=bearer(scoped.key), json={"name": "wider"})
     assert error_of(made, 403)["param"] == "models"
-    made = await api.post("/v1/account/keys", headers=bearer(scoped.key), json={
-        "name": "narrower", "models": ["ServiceAi-Coder"], "limits": {"tokens_per_minute": 100},
-        "expires_at": "2099-01-01T00:00:00Z"})
+    made = await api.post(
+        "/v1/account/keys",
+        headers=bearer(scoped.key),
+        json={
+            "name": "narrower",
+            "models": ["ServiceAi-Coder"],
+            "limits": {"tokens_per_minute": 100},
+            "expires_at": "2099-01-01T00:00:00Z",
+        },
+    )
     assert made.status_code == 201, made.text
     # The unscoped key may give a new key any scope.
-    assert (await api.post("/v1/account/keys", headers=own,
-                           json={"monthly_tokens": 10})).status_code == 201
+    assert (
+        await api.post("/v1/account/keys", headers=own, json={"monthly_tokens": 10})
+    ).status_code == 201
 
 
 async def test_a_users_monthly_budget_is_set_and_cleared_and_shown_with_usage(api, ada):
     user_id, main = ada
-    patched = await api.patch(f"/admin/users/{user_id}", json={"monthly_tokens": 1000},
-                              headers=admin())
+    patched = await api.patch(
+        f"/admin/users/{user_id}", json={"monthly_tokens": 1000}, headers=admin()
+    )
     assert patched.json()["monthly_tokens"] == 1000
     usage = (await api.get("/v1/account/usage", headers=bearer(main))).json()
-    assert usage["budget"] == {"month": datetime.now(UTC).strftime("%Y-%m"),
-                               "monthly_tokens": 1000, "used": 0, "left": 1000}
-    cleared = await api.patch(f"/admin/users/{user_id}", json={"monthly_tokens": None},
-                              headers=admin())
+    assert usage["budget"] == {
+        "month": datetime.now(UTC).strftime("%Y-%m"),
+        "monthly_tokens": 1000,
+        "used": 0,
+        "left": 1000,
+    }
+    cleared = await api.patch(
+        f"/admin/users/{user_id}", json={"monthly_tokens": None}, headers=admin()
+    )
     assert cleared.json()["monthly_tokens"] is None
     assert (await api.get("/v1/account/usage", headers=bearer(main))).json()["budget"] is None
 

@@ -25,10 +25,15 @@ FAST = "ServiceAi-Fast"
 @asynccontextmanager
 async def api_with_fast(store: KeyStore, key: str):
     """The API with a Fast type that no replica serves: a refused field never reaches it."""
-    app = create_api(ModelRouter({FAST: FakeHandle(FAST)}, created=0), KeyVerifier(store),
-                     shipped_limits(), UsageMeter(store))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
-                                 headers=bearer(key)) as client:
+    app = create_api(
+        ModelRouter({FAST: FakeHandle(FAST)}, created=0),
+        KeyVerifier(store),
+        shipped_limits(),
+        UsageMeter(store),
+    )
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test", headers=bearer(key)
+    ) as client:
         yield client
 
 
@@ -43,8 +48,15 @@ async def keys(store: KeyStore) -> tuple[str, str, str]:
 @pytest.fixture
 async def saved(store: KeyStore, keys) -> str:
     ada, _, _ = keys
-    items = [{"id": f"msg_{i}", "type": "message", "role": "user",
-              "content": [{"type": "input_text", "text": str(i)}]} for i in range(3)]
+    items = [
+        {
+            "id": f"msg_{i}",
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": str(i)}],
+        }
+        for i in range(3)
+    ]
     body = {"id": "resp_1", "object": "response", "status": "completed", "output": []}
     await ResponseStore(store.database).save(ada, items, body)
     return "resp_1"
@@ -58,14 +70,27 @@ async def test_the_owner_retrieves_pages_and_deletes(api, keys, saved):
     page = await api.get(f"/v1/responses/{saved}/input_items", params={"limit": 2})
     assert page.json() == {
         "object": "list",
-        "data": [{"id": "msg_2", "type": "message", "role": "user",
-                  "content": [{"type": "input_text", "text": "2"}]},
-                 {"id": "msg_1", "type": "message", "role": "user",
-                  "content": [{"type": "input_text", "text": "1"}]}],
-        "first_id": "msg_2", "last_id": "msg_1", "has_more": True,
+        "data": [
+            {
+                "id": "msg_2",
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "2"}],
+            },
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "1"}],
+            },
+        ],
+        "first_id": "msg_2",
+        "last_id": "msg_1",
+        "has_more": True,
     }
-    rest = await api.get(f"/v1/responses/{saved}/input_items",
-                         params={"limit": 2, "after": "msg_1"})
+    rest = await api.get(
+        f"/v1/responses/{saved}/input_items", params={"limit": 2, "after": "msg_1"}
+    )
     assert [i["id"] for i in rest.json()["data"]] == ["msg_0"] and not rest.json()["has_more"]
     deleted = await api.delete(f"/v1/responses/{saved}")
     assert deleted.json() == {"id": saved, "object": "response.deleted", "deleted": True}
@@ -103,11 +128,17 @@ async def test_no_key_no_answer(api, saved):
         ({"tools": [{"type": "computer_use_preview"}]}, "tools[0].type"),
         ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type"),
         ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0].type"),
-        ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
-         "input[0].content[0].type"),
-        ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function",
-                                                                        "name": "g"}},
-         "tool_choice"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+            "input[0].content[0].type",
+        ),
+        (
+            {
+                "tools": [{"type": "function", "name": "f"}],
+                "tool_choice": {"type": "function", "name": "g"},
+            },
+            "tool_choice",
+        ),
     ],
 )
 async def test_what_cannot_be_honoured_is_refused_naming_the_field(store, keys, body, param):
@@ -122,8 +153,15 @@ async def test_what_cannot_be_honoured_is_refused_naming_the_field(store, keys, 
 def test_off_values_that_sdks_send_are_accepted():
     """The Agents SDK sends some refused fields with their 'off' value: not a refusal."""
     ResponseCreateRequest.model_validate(
-        {"model": FAST, "input": "hi", "background": False, "include": [],
-         "truncation": "disabled", "reasoning": None, "service_tier": "auto"}
+        {
+            "model": FAST,
+            "input": "hi",
+            "background": False,
+            "include": [],
+            "truncation": "disabled",
+            "reasoning": None,
+            "service_tier": "auto",
+        }
     ).check()
 
 

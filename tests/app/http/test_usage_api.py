@@ -18,17 +18,20 @@ async def usage(store):
     bob = await store.create_user("bob@example.com")
     ada_key = await store.create_key(ada.id)
     bob_key = await store.create_key(bob.id)
-    await store.record_usage({
-        UsageKey(ada_key.id, "ServiceAi-Pro", DAY): UsageCount(2, 20, 30),
-        UsageKey(bob_key.id, "ServiceAi-Fast", DAY): UsageCount(1, 1, 1),
-    })
+    await store.record_usage(
+        {
+            UsageKey(ada_key.id, "ServiceAi-Pro", DAY): UsageCount(2, 20, 30),
+            UsageKey(bob_key.id, "ServiceAi-Fast", DAY): UsageCount(1, 1, 1),
+        }
+    )
     return ada_key.key, ada, bob
 
 
 async def test_a_key_holder_sees_their_own_usage_only(api, usage):
     secret, ada, _ = usage
     response = await api.get(
-        "/v1/account/usage", params={"start_date": "2026-11-01", "end_date": "2026-11-30"},
+        "/v1/account/usage",
+        params={"start_date": "2026-11-01", "end_date": "2026-11-30"},
         headers=bearer(secret),
     )
     assert response.status_code == 200, response.text
@@ -36,8 +39,14 @@ async def test_a_key_holder_sees_their_own_usage_only(api, usage):
     assert (body["object"], body["start_date"]) == ("list", "2026-11-01")
     [row] = body["data"]
     assert row == {
-        "object": "usage", "date": "2026-11-20", "user_id": ada.id, "key_id": row["key_id"],
-        "model": "ServiceAi-Pro", "requests": 2, "prompt_tokens": 20, "completion_tokens": 30,
+        "object": "usage",
+        "date": "2026-11-20",
+        "user_id": ada.id,
+        "key_id": row["key_id"],
+        "model": "ServiceAi-Pro",
+        "requests": 2,
+        "prompt_tokens": 20,
+        "completion_tokens": 30,
         "total_tokens": 50,
     }
     default = (await api.get("/v1/account/usage", headers=bearer(secret))).json()

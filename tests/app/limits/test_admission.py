@@ -106,10 +106,18 @@ async def test_tokens_are_charged_after_the_reply_and_refuse_once_spent(limits):
 
 
 async def test_a_spent_daily_quota_says_do_not_retry(limits):
-    limits.plans = Plans.model_validate({"free": {"ServiceAi-Coder": {
-        "requests_per_minute": 100, "tokens_per_minute": 10**6, "concurrent_requests": 2,
-        "tokens_per_day": 200_000,
-    }}})
+    limits.plans = Plans.model_validate(
+        {
+            "free": {
+                "ServiceAi-Coder": {
+                    "requests_per_minute": 100,
+                    "tokens_per_minute": 10**6,
+                    "concurrent_requests": 2,
+                    "tokens_per_day": 200_000,
+                }
+            }
+        }
+    )
     who = caller()
     for _ in range(10):  # 10 x 19,900 = 199,000 of the 200,000 tokens of a day
         admission = await limits.admit(who, "ServiceAi-Coder", None)
@@ -148,10 +156,18 @@ async def test_an_unknown_plan_is_refused_naming_the_plans(limits):
 
 
 async def test_two_replicas_on_one_redis_share_the_limit_exactly():
-    ten_a_minute = Plans.model_validate({"free": {PRO: {
-        "requests_per_minute": 10, "tokens_per_minute": 10**6,
-        "concurrent_requests": 100, "tokens_per_day": 10**9,
-    }}})
+    ten_a_minute = Plans.model_validate(
+        {
+            "free": {
+                PRO: {
+                    "requests_per_minute": 10,
+                    "tokens_per_minute": 10**6,
+                    "concurrent_requests": 100,
+                    "tokens_per_day": 10**9,
+                }
+            }
+        }
+    )
     prefix = f"sai-test-{secrets.token_hex(4)}"
     # Failing closed, so that a slow Redis on a busy machine shows up instead of counting as
     # served.
@@ -280,8 +296,10 @@ async def test_a_keys_own_limits_apply_with_the_plan_and_the_tighter_wins(limits
     await limits.close()
     with pytest.raises(ApiError) as exc:
         await limits.admit(who, FAST, 1)
-    assert "this API key's requests per minute: limit 3" in refused(
-        exc, "requests", "rate_limit_exceeded").message
+    assert (
+        "this API key's requests per minute: limit 3"
+        in refused(exc, "requests", "rate_limit_exceeded").message
+    )
     # The plan's windows gave back what the key refused: another key of the user is not held.
     other = dataclasses.replace(who, key_id="key_other", key_limits=None)
     assert (await limits.admit(other, PRO, 19_000)).reserved == 19_000
@@ -292,8 +310,10 @@ async def test_a_keys_concurrency_and_a_plan_tighter_than_the_key(limits):
     await limits.admit(who, FAST, 10)
     with pytest.raises(ApiError) as exc:
         await limits.admit(who, FAST, 10)
-    assert "this API key's concurrent requests" in refused(
-        exc, "requests", "rate_limit_exceeded").message
+    assert (
+        "this API key's concurrent requests"
+        in refused(exc, "requests", "rate_limit_exceeded").message
+    )
     loose = scoped(key_limits=KeyLimits(tokens_per_minute=10**6))
     with pytest.raises(ApiError) as exc:  # Pro's free plan: 20,000 a minute, whatever the key
         await limits.admit(loose, PRO, 20_001)

@@ -54,8 +54,9 @@ async def counters(request, clock: Clock) -> AsyncIterator[Counters]:
     if request.param == "memory":
         yield MemoryCounters(TTL_S, clock)
         return
-    redis = RedisCounters(REDIS, key_prefix=f"sai-test-{secrets.token_hex(4)}", ttl_s=TTL_S,
-                          clock=clock)
+    redis = RedisCounters(
+        REDIS, key_prefix=f"sai-test-{secrets.token_hex(4)}", ttl_s=TTL_S, clock=clock
+    )
     yield redis
     await redis.clear()
     await redis.close()
@@ -63,8 +64,10 @@ async def counters(request, clock: Clock) -> AsyncIterator[Counters]:
 
 def keys_of(user: str = "user_x") -> CounterKeys:
     return CounterKeys(
-        requests=RateLimitItemPerMinute(10), tokens=RateLimitItemPerMinute(1000),
-        daily=RateLimitItemPerDay(10_000), ids=(user, "ServiceAi-Pro"),
+        requests=RateLimitItemPerMinute(10),
+        tokens=RateLimitItemPerMinute(1000),
+        daily=RateLimitItemPerDay(10_000),
+        ids=(user, "ServiceAi-Pro"),
         day=datetime.now(UTC).date().isoformat(),
     )
 
@@ -88,7 +91,11 @@ async def test_admission_counts_requests_and_settling_replaces_the_reservation(c
     await counters.count_request(KEYS)  # a refused body counts as a request
     second = await counters.admit(KEYS, "b", ONE)
     assert (second.requests, second.tokens, second.daily_tokens, second.in_flight) == (
-        3, 120, 120, 1)
+        3,
+        120,
+        120,
+        1,
+    )
     assert await counters.requests_used(KEYS) == 3
     assert second.requests_reset > clock_now() and second.tokens_reset > clock_now()
     other = await counters.admit(keys_of("user_y"), "c", ONE)
@@ -99,10 +106,11 @@ async def test_requests_admitted_side_by_side_never_hold_more_than_the_window(co
     """KEYS: 1,000 tokens a minute. Sixteen requests at once, with and without max_tokens and
     with several choices: what they reserve, and so what they may generate, fits the window;
     the refused ones keep no slot."""
-    asks = [Ask(100, reply_tokens=tokens, choices=choices, longest=300)
-            for tokens, choices in [(200, 1), (None, 1), (None, 3), (400, 4)] * 4]
-    seen = await asyncio.gather(*(counters.admit(KEYS, f"r{i}", ask)
-                                  for i, ask in enumerate(asks)))
+    asks = [
+        Ask(100, reply_tokens=tokens, choices=choices, longest=300)
+        for tokens, choices in [(200, 1), (None, 1), (None, 3), (400, 4)] * 4
+    ]
+    seen = await asyncio.gather(*(counters.admit(KEYS, f"r{i}", ask) for i, ask in enumerate(asks)))
     held = [snapshot.reserved for snapshot in seen]
     assert sum(held) <= KEYS.tokens.amount and sum(held) >= KEYS.tokens.amount - 300
     assert await counters.in_flight(KEY) == sum(1 for r in held if r)
@@ -138,17 +146,29 @@ async def test_a_reservation_whose_window_ended_is_not_taken_from_the_next(count
 
 
 @pytest.mark.parametrize("used", [0, 400, 990, 1000, 1200])
-@pytest.mark.parametrize(("reply_tokens", "choices", "longest"),
-                         [(None, 1, None), (None, 3, None), (None, 2, 100), (10, 1, None),
-                          (700, 2, None), (1000, 1, 50)])
+@pytest.mark.parametrize(
+    ("reply_tokens", "choices", "longest"),
+    [
+        (None, 1, None),
+        (None, 3, None),
+        (None, 2, 100),
+        (10, 1, None),
+        (700, 2, None),
+        (1000, 1, 50),
+    ],
+)
 @pytest.mark.parametrize("budgets", [(), (1500,), (1500, 800)], ids=["", "budget", "budgets"])
 async def test_both_stores_reserve_exactly_what_reservation_says(
     counters, used, reply_tokens, choices, longest, budgets
 ):
     """The Lua script and the memory store against the one function both implement."""
-    keys = dataclasses.replace(KEYS, budgets=tuple(
-        Budget(f"budget/test/{i}/{secrets.token_hex(4)}", limit, 3600)
-        for i, limit in enumerate(budgets)))
+    keys = dataclasses.replace(
+        KEYS,
+        budgets=tuple(
+            Budget(f"budget/test/{i}/{secrets.token_hex(4)}", limit, 3600)
+            for i, limit in enumerate(budgets)
+        ),
+    )
     if used:
         await counters.settle(keys, "before", 0, used, same_window=False)
     ask = Ask(2, reply_tokens, choices, longest)

@@ -21,8 +21,11 @@ from tests.tcp_proxy import TcpProxy
 async def test_redis_outage_then_recovery_without_restart(fail_open):
     server = urlsplit(REDIS)
     proxy = await TcpProxy(server.hostname, server.port or 6379).start()
-    storage = open_counters(f"redis://127.0.0.1:{proxy.port}/0",
-                           key_prefix=f"sai-test-{secrets.token_hex(4)}", timeout_s=0.5)
+    storage = open_counters(
+        f"redis://127.0.0.1:{proxy.port}/0",
+        key_prefix=f"sai-test-{secrets.token_hex(4)}",
+        timeout_s=0.5,
+    )
     limits = RateLimits(PLANS, storage, fail_open=fail_open)
     user = caller()
     try:
@@ -35,7 +38,10 @@ async def test_redis_outage_then_recovery_without_restart(fail_open):
             else:
                 with pytest.raises(ApiError) as refused:
                     await limits.admit(user, PRO, 10)
-                assert (refused.value.status, refused.value.code) == (503, "rate_limiter_unavailable")
+                assert (refused.value.status, refused.value.code) == (
+                    503,
+                    "rate_limiter_unavailable",
+                )
                 assert int(refused.value.headers["Retry-After"]) > 0
 
         await proxy.restore()

@@ -14,8 +14,11 @@ from app.limits.usage_meter import UsageMeter
 
 async def used(store: KeyStore, user: str) -> tuple[int, int, int]:
     rows = (await store.usage(user=user)).data
-    return (sum(r.requests for r in rows), sum(r.prompt_tokens for r in rows),
-            sum(r.completion_tokens for r in rows))
+    return (
+        sum(r.requests for r in rows),
+        sum(r.prompt_tokens for r in rows),
+        sum(r.completion_tokens for r in rows),
+    )
 
 
 def die(meter: UsageMeter) -> None:

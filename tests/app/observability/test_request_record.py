@@ -21,8 +21,17 @@ from app.limits.usage_meter import UsageMeter
 from tests.app.conftest import bearer, shipped_limits
 
 ACCESS_FIELDS = {
-    "request_id", "method", "path", "model_type", "status", "stream", "prompt_tokens",
-    "completion_tokens", "ttft_ms", "duration_ms", "key_id",
+    "request_id",
+    "method",
+    "path",
+    "model_type",
+    "status",
+    "stream",
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_ms",
+    "duration_ms",
+    "key_id",
 }
 
 
@@ -103,14 +112,30 @@ async def test_one_access_line_per_request_with_the_key_id_never_the_key(
     lines = access_lines()
     assert [fields(r) for r in lines] == [
         {
-            "request_id": "ok-1", "method": "GET", "path": "/v1/account", "model_type": None,
-            "status": 200, "stream": False, "prompt_tokens": None, "completion_tokens": None,
-            "ttft_ms": None, "duration_ms": lines[0].duration_ms, "key_id": issued.id,
+            "request_id": "ok-1",
+            "method": "GET",
+            "path": "/v1/account",
+            "model_type": None,
+            "status": 200,
+            "stream": False,
+            "prompt_tokens": None,
+            "completion_tokens": None,
+            "ttft_ms": None,
+            "duration_ms": lines[0].duration_ms,
+            "key_id": issued.id,
         },
         {
-            "request_id": "bad-1", "method": "GET", "path": "/v1/account", "model_type": None,
-            "status": 401, "stream": False, "prompt_tokens": None, "completion_tokens": None,
-            "ttft_ms": None, "duration_ms": lines[1].duration_ms, "key_id": None,
+            "request_id": "bad-1",
+            "method": "GET",
+            "path": "/v1/account",
+            "model_type": None,
+            "status": 401,
+            "stream": False,
+            "prompt_tokens": None,
+            "completion_tokens": None,
+            "ttft_ms": None,
+            "duration_ms": lines[1].duration_ms,
+            "key_id": None,
         },
     ]
     assert all(r.duration_ms >= 0 for r in lines)
@@ -126,7 +151,9 @@ async def test_a_stranger_refused_before_routing_is_logged_under_its_route(
         response = await client.post(path, json=body, headers=bearer("sk-unknown"))
         assert response.status_code == 401
     assert [(r.path, r.status) for r in access_lines()] == [
-        ("/v1/chat/completions", 401), ("/v1/responses", 401), ("unmatched", 401),
+        ("/v1/chat/completions", 401),
+        ("/v1/responses", 401),
+        ("unmatched", 401),
     ]
 
 

@@ -59,7 +59,9 @@ def test_param_paths(loc, param):
 
 
 async def test_malformed_json_is_400(client):
-    response = await client.post("/echo", content=b'{"name": ', headers={"content-type": "application/json"})
+    response = await client.post(
+        "/echo", content=b'{"name": ', headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400
     error = envelope(response)
     assert error["type"] == "invalid_request_error" and error["param"] is None
@@ -70,9 +72,13 @@ async def test_malformed_json_is_400(client):
     "body", [b'{"name": "\xff\xfe", "items": []}', b'{"name": "x", "items": ' + b"[" * 100_000]
 )
 async def test_undecodable_or_too_deep_json_is_400_about_json(client, body):
-    response = await client.post("/echo", content=body, headers={"content-type": "application/json"})
+    response = await client.post(
+        "/echo", content=body, headers={"content-type": "application/json"}
+    )
     error = envelope(response)
-    assert response.status_code == 400 and "JSON" in error["message"] and "UTF-8" in error["message"]
+    assert (
+        response.status_code == 400 and "JSON" in error["message"] and "UTF-8" in error["message"]
+    )
 
 
 async def test_missing_field_names_it(client):
@@ -107,7 +113,9 @@ async def test_api_error_keeps_status_code_and_headers(client):
 
 async def test_unknown_route_and_method(client):
     response = await client.get("/nope")
-    assert response.status_code == 404 and envelope(response)["message"] == "Invalid URL (GET /nope)."
+    assert (
+        response.status_code == 404 and envelope(response)["message"] == "Invalid URL (GET /nope)."
+    )
     response = await client.get("/echo")
     assert response.status_code == 405 and envelope(response)["code"] == "method_not_allowed"
 
@@ -118,4 +126,8 @@ async def test_unexpected_error_is_500_without_internals(client):
     error = envelope(response)
     assert error["type"] == "server_error"
     assert "req-123" in error["message"]
-    assert "secret" not in response.text and "Traceback" not in response.text and "/srv" not in response.text
+    assert (
+        "secret" not in response.text
+        and "Traceback" not in response.text
+        and "/srv" not in response.text
+    )

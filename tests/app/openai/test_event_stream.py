@@ -10,8 +10,13 @@ from starlette.requests import ClientDisconnect
 
 from app.openai.sse import EventStream
 
-SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [],
-         "asgi": {"spec_version": "2.4"}}
+SCOPE = {
+    "type": "http",
+    "method": "POST",
+    "path": "/v1/chat/completions",
+    "headers": [],
+    "asgi": {"spec_version": "2.4"},
+}
 
 
 class Events:

@@ -15,8 +15,10 @@ def test_the_engine_gets_the_body_as_sent_less_caller_fields():
     body = request(temperature=0.3, top_k=5, user="u1", metadata={"a": "b"}, store=False)
     assert body.unsupported_field() is None
     assert body.to_engine() == {
-        "model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "hi"}],
-        "temperature": 0.3, "top_k": 5,
+        "model": "ServiceAi-Fast",
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0.3,
+        "top_k": 5,
     }
 
 
@@ -45,9 +47,17 @@ def test_the_agent_loop_turn_is_accepted():
             "model": "ServiceAi-Fast",
             "messages": [
                 {"role": "user", "content": "weather?"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_1", "type": "function",
-                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                        }
+                    ],
+                },
                 {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
             ],
             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
@@ -59,8 +69,17 @@ def test_the_agent_loop_turn_is_accepted():
 
 def test_image_parts_are_refused_as_text_only():
     with pytest.raises(ValidationError) as info:
-        request(messages=[{"role": "user", "content": [
-            {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "x"}}]}])
+        request(
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is this"},
+                        {"type": "image_url", "image_url": {"url": "x"}},
+                    ],
+                }
+            ]
+        )
     error = info.value.errors()[0]
     assert error["loc"][:3] == ("messages", 0, "content")
     assert "text only" in error["msg"]
@@ -125,18 +144,31 @@ def test_out_of_range_or_mistyped_values_are_refused(fields, param):
 def test_an_echoed_stream_of_several_choices_with_logprobs_is_refused(fields, refused):
     """vLLM's completion stream fails on it (a 5xx mid-stream): refused up front instead."""
     body = CompletionRequest.model_validate(
-        {"model": "ServiceAi-Fast", "prompt": "hi", "echo": True, "logprobs": 2, "stream": True,
-         **fields}
+        {
+            "model": "ServiceAi-Fast",
+            "prompt": "hi",
+            "echo": True,
+            "logprobs": 2,
+            "stream": True,
+            **fields,
+        }
     )
     assert (body.unsupported_field() is not None) == refused
     if refused:
         assert body.unsupported_field()[0] == "echo"
 
 
-@pytest.mark.parametrize(("fields", "refused"), [
-    ({"best_of": 3}, True), ({"n": 2, "best_of": 3}, True), ({"n": 3, "best_of": 2}, True),
-    ({"best_of": 1}, False), ({"n": 2, "best_of": 2}, False), ({"n": 2}, False),
-])
+@pytest.mark.parametrize(
+    ("fields", "refused"),
+    [
+        ({"best_of": 3}, True),
+        ({"n": 2, "best_of": 3}, True),
+        ({"n": 3, "best_of": 2}, True),
+        ({"best_of": 1}, False),
+        ({"n": 2, "best_of": 2}, False),
+        ({"n": 2}, False),
+    ],
+)
 def test_best_of_other_than_n_is_refused_and_never_reaches_the_engine(fields, refused):
     """vLLM 0.32 has no best_of: it would return n and ignore the field."""
     body = CompletionRequest.model_validate({"model": "ServiceAi-Fast", "prompt": "hi", **fields})
@@ -151,8 +183,10 @@ GRAMMARS = [
     {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
     {"structured_outputs": {"regex": "[ab]+"}},
     {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
-    {"tools": [{"type": "function", "function": {"name": "f"}}],
-     "tool_choice": {"type": "function", "function": {"name": "f"}}},
+    {
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}},
+    },
 ]
 MASKS = [{"allowed_token_ids": [5, 6]}, {"bad_words": ["x"]}, {"min_tokens": 3}]
 
@@ -165,5 +199,9 @@ def test_a_token_mask_on_a_grammar_is_refused_by_name(grammar, mask):
     assert request(**grammar, **mask).unsupported_field()[0] == next(iter(mask))
     assert request(**grammar).unsupported_field() is None
     assert request(**mask).unsupported_field() is None
-    assert request(**mask, tools=[{"type": "function", "function": {"name": "f"}}],
-                   tool_choice="auto").unsupported_field() is None
+    assert (
+        request(
+            **mask, tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="auto"
+        ).unsupported_field()
+        is None
+    )

@@ -20,7 +20,12 @@ def endpoint(name: str = "ServiceAi-Pro") -> ModelEndpoint:
 
 def test_generation_errors_keep_their_status_and_code():
     error = endpoint().error(ContextLengthExceeded("too long"))
-    assert (error.status, error.code, error.param, error.message) == (400, "context_length_exceeded", "messages", "too long")
+    assert (error.status, error.code, error.param, error.message) == (
+        400,
+        "context_length_exceeded",
+        "messages",
+        "too long",
+    )
 
 
 def test_errors_wrapped_by_ray_are_unwrapped():
@@ -47,8 +52,12 @@ def test_anything_else_is_500_without_details():
 
 def test_router_404_lists_models_and_503_without_replicas(monkeypatch):
     counts = {"A": 1, "B": 0, "Z": 0}
-    monkeypatch.setattr("app.serving.dispatch.running_replicas", lambda h: counts[h.deployment_name])
-    router = ModelRouter({n: FakeHandle(n) for n in ("A", "B", "Z")}, created=1, scale_to_zero=frozenset({"Z"}))
+    monkeypatch.setattr(
+        "app.serving.dispatch.running_replicas", lambda h: counts[h.deployment_name]
+    )
+    router = ModelRouter(
+        {n: FakeHandle(n) for n in ("A", "B", "Z")}, created=1, scale_to_zero=frozenset({"Z"})
+    )
     with pytest.raises(ApiError) as info:
         router.resolve("C")
     assert info.value.status == 404 and info.value.message.endswith("Available models: A, B, Z.")
@@ -68,8 +77,12 @@ def test_running_replicas_of_an_unused_handle_is_unknown():
 
 def test_readiness_tells_a_first_replica_pending_from_replicas_lost(monkeypatch):
     counts = {"A": 0, "Z": 0}
-    monkeypatch.setattr("app.serving.dispatch.running_replicas", lambda h: counts[h.deployment_name])
-    router = ModelRouter({n: FakeHandle(n) for n in counts}, created=1, scale_to_zero=frozenset({"Z"}))
+    monkeypatch.setattr(
+        "app.serving.dispatch.running_replicas", lambda h: counts[h.deployment_name]
+    )
+    router = ModelRouter(
+        {n: FakeHandle(n) for n in counts}, created=1, scale_to_zero=frozenset({"Z"})
+    )
     # Deployed before any node can host it: no replica has run yet.
     assert router.readiness() == {"A": "pending", "Z": "ready"}
     counts["A"] = 1
@@ -112,7 +125,9 @@ class WaitingHandle(FakeHandle):
 async def test_calls_waiting_for_a_replica_of_a_type_with_none_left_are_refused_503(monkeypatch):
     """A lost node: Serve would hold these until a node that can host the type is back."""
     counts = {"A": 1, "Z": 0}
-    monkeypatch.setattr("app.serving.dispatch.running_replicas", lambda h: counts[h.deployment_name])
+    monkeypatch.setattr(
+        "app.serving.dispatch.running_replicas", lambda h: counts[h.deployment_name]
+    )
     handles = {n: WaitingHandle(n) for n in counts}
     router = ModelRouter(handles, created=1, scale_to_zero=frozenset({"Z"}))
     waiting = [

@@ -35,8 +35,11 @@ def test_rays_own_template_has_a_defaults_section_the_wrapper_finds():
     """A Ray upgrade that renamed the section would start HAProxy without the option."""
     from ray.serve._private import haproxy_templates
 
-    template = next(value for name, value in vars(haproxy_templates).items()
-                    if isinstance(value, str) and "defaults\n" in value and "frontend" in value)
+    template = next(
+        value
+        for name, value in vars(haproxy_templates).items()
+        if isinstance(value, str) and "defaults\n" in value and "frontend" in value
+    )
     assert "\ndefaults\n    mode http" in template
 
 
@@ -46,8 +49,9 @@ def test_the_wrapper_runs_the_real_haproxy_on_the_patched_copy(tmp_path: Path):
     config = tmp_path / "haproxy.cfg"
     config.write_text(RAY_LIKE.replace(":8000", "127.0.0.1:18123"))  # -c binds nothing
     # -c: HAProxy checks the config it was given and exits; it must be the copy, and valid.
-    checked = subprocess.run([wrapper, "-c", "-f", str(config)], capture_output=True,
-                             text=True, timeout=60)
+    checked = subprocess.run(
+        [wrapper, "-c", "-f", str(config)], capture_output=True, text=True, timeout=60
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     copy = config.with_name(config.name + SUFFIX)
     assert OPTION in copy.read_text() and OPTION not in config.read_text()

@@ -14,7 +14,13 @@ from app.observability.metrics import InFlight
 from app.observability.request_record import CLIENT_CLOSED, RequestRecord
 from app.openai.responses import ResponseCreateRequest
 from app.serving.calls import ChatCall, CompletionCall
-from app.serving.pipeline import PROMPT_BYTES_BOUND, Tally, _relay, check_prompt_length, check_reply_length
+from app.serving.pipeline import (
+    PROMPT_BYTES_BOUND,
+    Tally,
+    _relay,
+    check_prompt_length,
+    check_reply_length,
+)
 from app.serving.responses_call import ResponsesCall
 from deployments.wire import ModelInfo, ReplyPart
 from tests.app.limits.test_admission import FAST, PRO, caller, limits  # noqa: F401 (fixture)
@@ -39,8 +45,12 @@ def responses(**fields) -> ResponsesCall:
     [
         (ChatCall(chat(max_tokens=2048)), "max_tokens"),
         (ChatCall(chat(max_tokens=10, max_completion_tokens=5000)), "max_completion_tokens"),
-        (CompletionCall(CompletionRequest.model_validate(
-            {"model": "m", "prompt": "x", "max_tokens": 9999})), "max_tokens"),
+        (
+            CompletionCall(
+                CompletionRequest.model_validate({"model": "m", "prompt": "x", "max_tokens": 9999})
+            ),
+            "max_tokens",
+        ),
         (responses(max_output_tokens=2048), "max_output_tokens"),
     ],
 )
@@ -48,25 +58,34 @@ def test_a_reply_beyond_the_context_is_400_naming_the_apis_field(call, param):
     with pytest.raises(ApiError) as info:
         check_reply_length(call, WITH_PARSER)
     assert (info.value.status, info.value.code, info.value.param) == (
-        400, "context_length_exceeded", param
+        400,
+        "context_length_exceeded",
+        param,
     )
 
 
 @pytest.mark.parametrize(
     ("choice", "needs_a_parser"),
-    [(None, True), ("auto", True), ("required", False),
-     ({"type": "function", "function": {"name": "f"}}, False)],
+    [
+        (None, True),
+        ("auto", True),
+        ("required", False),
+        ({"type": "function", "function": {"name": "f"}}, False),
+    ],
 )
 def test_an_automatic_tool_choice_needs_a_parser_a_forced_one_does_not(choice, needs_a_parser):
     """A forced call is JSON constrained to the schema, on any type; an automatic one needs
     the type's parser to find a call in the model's own format. Chat and responses alike."""
+
     def responses_choice(c):
         return {"type": "function", "name": "f"} if isinstance(c, dict) else c
 
     calls = [
         lambda c: ChatCall(chat(tools=TOOLS, **({} if c is None else {"tool_choice": c}))),
-        lambda c: responses(tools=[{"type": "function", "name": "f"}],
-                            **({} if c is None else {"tool_choice": responses_choice(c)})),
+        lambda c: responses(
+            tools=[{"type": "function", "name": "f"}],
+            **({} if c is None else {"tool_choice": responses_choice(c)}),
+        ),
     ]
     for make in calls:
         make(choice).check_against_model(WITH_PARSER)
@@ -112,8 +131,12 @@ class _Replica:
         return 10
 
 
-BEYOND = ApiError(400, "This model's maximum context length is 2048 tokens.",
-                  param="messages", code="context_length_exceeded")
+BEYOND = ApiError(
+    400,
+    "This model's maximum context length is 2048 tokens.",
+    param="messages",
+    code="context_length_exceeded",
+)
 SHORTEST_MEASURED = -(-(2048 - 134) // PROMPT_BYTES_BOUND)  # bytes, with 134 template tokens
 
 
@@ -135,21 +158,24 @@ async def test_a_long_prompt_beyond_the_context_is_refused_before_admission(limi
     info = ModelInfo(FAST, 2048, "hermes", None, 134)
     for _ in range(3):
         with pytest.raises(ApiError) as refused:
-            await check_prompt_length(limits, who, replica, info, "chat", {"messages": HI},
-                                      SHORTEST_MEASURED)
+            await check_prompt_length(
+                limits, who, replica, info, "chat", {"messages": HI}, SHORTEST_MEASURED
+            )
         assert refused.value is BEYOND
     assert replica.asked == [("chat", {"messages": HI})] * 3
     # Counted as a refused body (a replica rendered it), and no concurrency slot was taken.
     assert await requests_used(limits, who) == 3
     admission = await limits.admit(who, FAST, None)
     assert admission.headers["x-ratelimit-remaining-requests"] == str(
-        limits.plan_limits(who.plan).on(FAST).requests_per_minute - 4)
+        limits.plan_limits(who.plan).on(FAST).requests_per_minute - 4
+    )
 
 
 async def test_a_long_prompt_that_fits_is_admitted_as_usual(limits):  # noqa: F811
     replica, who = _Replica(), caller()
-    await check_prompt_length(limits, who, replica, WITH_PARSER, "completion", {"prompt": "p"},
-                              4000)
+    await check_prompt_length(
+        limits, who, replica, WITH_PARSER, "completion", {"prompt": "p"}, 4000
+    )
     assert replica.asked == [("completion", {"prompt": "p"})]
     assert await requests_used(limits, who) == 0
 
@@ -234,10 +260,16 @@ async def test_a_stream_is_complete_once_its_last_part_is_written():
 @pytest.mark.parametrize(
     ("call", "framed"),
     [
-        (ChatCall(chat(stream=True)), b'data: {"error":{"message":"gone","type":"server_error",'
-         b'"param":null,"code":"model_unavailable"}}\n\ndata: [DONE]\n\n'),
-        (responses(stream=True), b'event: error\ndata: {"type":"error","error":{"message":'
-         b'"gone","type":"server_error","param":null,"code":"model_unavailable"}}\n\n'),
+        (
+            ChatCall(chat(stream=True)),
+            b'data: {"error":{"message":"gone","type":"server_error",'
+            b'"param":null,"code":"model_unavailable"}}\n\ndata: [DONE]\n\n',
+        ),
+        (
+            responses(stream=True),
+            b'event: error\ndata: {"type":"error","error":{"message":'
+            b'"gone","type":"server_error","param":null,"code":"model_unavailable"}}\n\n',
+        ),
     ],
 )
 async def test_a_stream_that_fails_or_ends_early_ends_with_its_apis_error_event(call, framed):

@@ -31,11 +31,21 @@ FAST = "ServiceAi-Fast"
 def reply(body: dict[str, Any], text: str, status: str = "completed") -> dict:
     """The response object vLLM makes for `body`, with what the gateway does with it echoed."""
     return {
-        "id": body["request_id"], "object": "response", "model": FAST, "status": status,
-        "store": body["store"], "previous_response_id": body["previous_response_id"],
-        "output": [{"id": f"msg_{len(body['input'])}", "type": "message", "role": "assistant",
-                    "status": "completed",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        "id": body["request_id"],
+        "object": "response",
+        "model": FAST,
+        "status": status,
+        "store": body["store"],
+        "previous_response_id": body["previous_response_id"],
+        "output": [
+            {
+                "id": f"msg_{len(body['input'])}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
         "usage": {"input_tokens": 7, "output_tokens": 2, "total_tokens": 9},
     }
 
@@ -88,13 +98,24 @@ class Replica:
         text = f"answer {len(self.calls)}"
         if not body.get("stream"):
             return Stream([ReplyPart(orjson.dumps(reply(body, text)), 7, 2, True)])
-        created = {"type": "response.created", "sequence_number": 0,
-                   "response": {**reply(body, ""), "status": "in_progress", "output": []}}
-        delta = {"type": "response.output_text.delta", "sequence_number": 1, "delta": text,
-                 "item_id": "m", "output_index": 0, "content_index": 0}
+        created = {
+            "type": "response.created",
+            "sequence_number": 0,
+            "response": {**reply(body, ""), "status": "in_progress", "output": []},
+        }
+        delta = {
+            "type": "response.output_text.delta",
+            "sequence_number": 1,
+            "delta": text,
+            "item_id": "m",
+            "output_index": 0,
+            "content_index": 0,
+        }
         done = {"type": "response.completed", "sequence_number": 2, "response": reply(body, text)}
-        events = b"".join(b"event: %s\ndata: %s\n\n" % (e["type"].encode(), orjson.dumps(e))
-                          for e in (created, delta))
+        events = b"".join(
+            b"event: %s\ndata: %s\n\n" % (e["type"].encode(), orjson.dumps(e))
+            for e in (created, delta)
+        )
         return Stream([ReplyPart(events, 7, 1), ReplyPart(b"", 7, 2, True, orjson.dumps(done))])
 
 
@@ -104,53 +125,75 @@ async def setup(store: KeyStore):
     user = await store.create_user("ada@example.com")
     key = (await store.create_key(user.id)).key
     responses = ResponseStore(store.database)
-    app = create_api(ModelRouter({FAST: replica}, created=0), KeyVerifier(store),
-                     shipped_limits(), UsageMeter(store), response_store=responses)
+    app = create_api(
+        ModelRouter({FAST: replica}, created=0),
+        KeyVerifier(store),
+        shipped_limits(),
+        UsageMeter(store),
+        response_store=responses,
+    )
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test",
-                                 headers=bearer(key)) as client:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://test", headers=bearer(key)
+    ) as client:
         yield client, replica, responses, user.id
 
 
 async def test_the_replica_gets_the_whole_conversation_and_the_gateway_stores_it(setup):
     client, replica, responses, user_id = setup
-    first = (await client.post("/v1/responses", json={"model": FAST, "input": "one",
-                                                      "instructions": "be brief"})).json()
-    second = (await client.post("/v1/responses", json={
-        "model": FAST, "input": "two", "previous_response_id": first["id"]})).json()
+    first = (
+        await client.post(
+            "/v1/responses", json={"model": FAST, "input": "one", "instructions": "be brief"}
+        )
+    ).json()
+    second = (
+        await client.post(
+            "/v1/responses",
+            json={"model": FAST, "input": "two", "previous_response_id": first["id"]},
+        )
+    ).json()
     body = replica.calls[1]
     # What the gateway does with the response, for the replica to echo (vLLM gets neither).
     assert (body["store"], body["previous_response_id"]) == (True, first["id"])
     assert "instructions" not in body  # instructions do not carry over, as at OpenAI
     texts = [(i["type"], i.get("role"), i["content"][0]["text"]) for i in body["input"]]
-    assert texts == [("message", "user", "one"), ("message", "assistant", "answer 1"),
-                     ("message", "user", "two")]
+    assert texts == [
+        ("message", "user", "one"),
+        ("message", "assistant", "answer 1"),
+        ("message", "user", "two"),
+    ]
     stored = await responses.get(user_id, second["id"])
     assert stored.body == second and stored.input_items == body["input"]
 
 
 async def test_a_stream_is_relayed_and_stored_before_its_last_event(setup):
     client, replica, responses, user_id = setup
-    async with client.stream("POST", "/v1/responses",
-                             json={"model": FAST, "input": "hi", "stream": True}) as streamed:
+    async with client.stream(
+        "POST", "/v1/responses", json={"model": FAST, "input": "hi", "stream": True}
+    ) as streamed:
         assert streamed.headers["content-type"].startswith("text/event-stream")
         events = []
         async for line in streamed.aiter_lines():
             if line.startswith("data: "):
                 event = orjson.loads(line[6:])
                 if event["type"] == "response.completed":  # stored already, before it was sent
-                    assert (await responses.get(user_id, event["response"]["id"])).body == \
-                        event["response"]
+                    assert (await responses.get(user_id, event["response"]["id"])).body == event[
+                        "response"
+                    ]
                 events.append(event)
     assert [e["type"] for e in events] == [
-        "response.created", "response.output_text.delta", "response.completed"]
+        "response.created",
+        "response.output_text.delta",
+        "response.completed",
+    ]
     assert [e["sequence_number"] for e in events] == [0, 1, 2]
 
 
 async def test_store_false_stores_nothing(setup):
     client, replica, responses, user_id = setup
-    answer = (await client.post("/v1/responses",
-                                json={"model": FAST, "input": "hi", "store": False})).json()
+    answer = (
+        await client.post("/v1/responses", json={"model": FAST, "input": "hi", "store": False})
+    ).json()
     assert answer["store"] is False
     assert (await client.get(f"/v1/responses/{answer['id']}")).status_code == 404
 
@@ -159,16 +202,22 @@ async def test_a_conversation_over_the_cap_is_refused_before_dispatch(store: Key
     replica = Replica()
     user = await store.create_user("bob@example.com")
     key = (await store.create_key(user.id)).key
-    app = create_api(ModelRouter({FAST: replica}, created=0), KeyVerifier(store),
-                     shipped_limits(), UsageMeter(store),
-                     response_store=ResponseStore(store.database, max_bytes=2048))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://test", headers=bearer(key)) as client:
+    app = create_api(
+        ModelRouter({FAST: replica}, created=0),
+        KeyVerifier(store),
+        shipped_limits(),
+        UsageMeter(store),
+        response_store=ResponseStore(store.database, max_bytes=2048),
+    )
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test", headers=bearer(key)
+    ) as client:
         refused = await client.post("/v1/responses", json={"model": FAST, "input": "x" * 4096})
         assert refused.status_code == 400
         assert refused.json()["error"]["code"] == "response_too_large"
         assert refused.json()["error"]["param"] == "input"
         assert replica.calls == []
-        accepted = await client.post("/v1/responses",
-                                     json={"model": FAST, "input": "x" * 4096, "store": False})
+        accepted = await client.post(
+            "/v1/responses", json={"model": FAST, "input": "x" * 4096, "store": False}
+        )
         assert accepted.status_code == 200

@@ -66,7 +66,7 @@ async def open_feed(feeds: Feeds, handle: Handle) -> Call:
     for _ in range(2):
         feeds.opened(feeds.next_key(), Call(), first())
     await settle()
-    (args, kwargs, call), = handle.feeds
+    ((args, kwargs, call),) = handle.feeds
     assert args == (INGRESS_ID,) and kwargs == {"feed_for": "r1"}
     call.items.put_nowait([])
     await settle()
@@ -125,7 +125,7 @@ async def test_a_feed_that_does_not_open_is_given_up(monkeypatch):
     feeds = Feeds(handle, min_streams=1)
     feeds.opened(feeds.next_key(), Call(), first())
     await settle()
-    (_, _, call), = handle.feeds
+    ((_, _, call),) = handle.feeds
     for _ in range(500):  # the timeout is 0.05 s; a busy machine may take longer to run it
         if call.cancelled:
             break

@@ -37,7 +37,9 @@ async def count(outputs, kind) -> EngineTokens:
 
 
 async def test_delta_outputs_are_summed_per_choice():
-    tokens = await count([output(7, (0, 1), (1, 1)), output(7, (0, 2), (1, 1))], RequestOutputKind.DELTA)
+    tokens = await count(
+        [output(7, (0, 1), (1, 1)), output(7, (0, 2), (1, 1))], RequestOutputKind.DELTA
+    )
     assert (tokens.prompt, tokens.completion) == (7, 5)
 
 
@@ -50,7 +52,9 @@ async def test_several_engine_requests_add_to_one_count():
     tokens = count_this_request()
     client = CountingEngineClient(StandInEngine([output(3, (0, 2))]))
     for request_id in ("a", "b"):
-        async for _ in client.generate("p", SimpleNamespace(output_kind=RequestOutputKind.DELTA), request_id):
+        async for _ in client.generate(
+            "p", SimpleNamespace(output_kind=RequestOutputKind.DELTA), request_id
+        ):
             pass
     assert (tokens.prompt, tokens.completion) == (6, 4)
 
@@ -61,8 +65,9 @@ async def test_a_whole_reply_is_counted_as_the_engine_goes_and_served_whole_at_t
     each child's outputs come alone, as vLLM sends cumulative outputs of a parallel request)."""
     tokens = count_this_request()
     params = SimpleNamespace(output_kind=RequestOutputKind.FINAL_ONLY)
-    client = CountingEngineClient(StandInEngine(
-        [output(5, (0, 1)), output(5, (1, 2)), output(5, (0, 3)), output(5, (1, 4))]))
+    client = CountingEngineClient(
+        StandInEngine([output(5, (0, 1)), output(5, (1, 2)), output(5, (0, 3)), output(5, (1, 4))])
+    )
     served = []
     async for item in client.generate("p", params, "r"):
         served.append(item)
@@ -75,8 +80,9 @@ async def test_a_whole_reply_is_counted_as_the_engine_goes_and_served_whole_at_t
 async def test_streams_take_the_tokens_per_chunk_their_priority_gets():
     """Every API's engine requests pass here: a stream's chunk size is set from its priority;
     a whole reply, which is one chunk anyway, is left alone."""
-    client = CountingEngineClient(StandInEngine([output(1, (0, 1))]),
-                                  stream_interval=lambda priority: 8 if priority else 1)
+    client = CountingEngineClient(
+        StandInEngine([output(1, (0, 1))]), stream_interval=lambda priority: 8 if priority else 1
+    )
     for priority, kind, expected in (
         (10, RequestOutputKind.DELTA, 8),
         (0, RequestOutputKind.DELTA, None),

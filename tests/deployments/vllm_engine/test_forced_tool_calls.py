@@ -16,8 +16,12 @@ from deployments.model_type import tiny_model_dir
 from deployments.tiny_model import ensure
 from deployments.vllm_engine.forced_tool_calls import FORCED_ONLY, bounded_whitespace, install
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
-           "required": ["city"], "additionalProperties": False}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
 RESPONSES_TOOL = {"type": "function", "name": "get_weather", "parameters": WEATHER}
 
@@ -37,8 +41,13 @@ def parser_for(name: str | None, tokenizer):
 
 def chat(tool_choice, **fields) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate(
-        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [CHAT_TOOL],
-         "tool_choice": tool_choice, **fields}
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [CHAT_TOOL],
+            "tool_choice": tool_choice,
+            **fields,
+        }
     )
 
 
@@ -65,8 +74,12 @@ def test_required_is_an_array_of_calls_of_the_given_functions(parallel, tokenize
 
 def test_a_forced_call_on_responses_takes_the_same_path(tokenizer):
     request = ResponsesRequest.model_validate(
-        {"model": "m", "input": "hi", "tools": [RESPONSES_TOOL],
-         "tool_choice": {"type": "function", "name": "get_weather"}}
+        {
+            "model": "m",
+            "input": "hi",
+            "tools": [RESPONSES_TOOL],
+            "tool_choice": {"type": "function", "name": "get_weather"},
+        }
     )
     request = parser_for("hermes", tokenizer).adjust_request(request)
     assert request.text.format.type == "json_schema"
@@ -81,11 +94,22 @@ def test_an_automatic_call_keeps_the_parsers_tag_with_whitespace_bounded(tokeniz
 
 def test_bounding_whitespace_leaves_the_clients_schema_as_it_was():
     schema = {"type": "object", "properties": {"type": {"type": "string", "enum": ["json_schema"]}}}
-    tag = {"type": "structural_tag", "format": {"type": "or", "elements": [
-        {"type": "json_schema", "json_schema": schema},
-        {"type": "sequence", "elements": [{"type": "const_string", "value": "x"},
-                                          {"type": "json_schema", "json_schema": {}}]},
-    ]}}
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "or",
+            "elements": [
+                {"type": "json_schema", "json_schema": schema},
+                {
+                    "type": "sequence",
+                    "elements": [
+                        {"type": "const_string", "value": "x"},
+                        {"type": "json_schema", "json_schema": {}},
+                    ],
+                },
+            ],
+        },
+    }
     bounded = json.loads(bounded_whitespace(json.dumps(tag)))
     first, sequence = bounded["format"]["elements"]
     assert first["max_whitespace_cnt"] == 1 and first["json_schema"] == schema
@@ -125,9 +149,12 @@ def test_a_forced_call_cut_short_by_the_length_limit_is_no_call(finish_reason, c
     call = ToolCall(function=FunctionCall(name="get_weather", arguments='{"city": "Rome"}'))
     message = {"role": "assistant", "content": "", "tool_calls": [call]}
     result = ChatCompletionResponse(
-        model="m", usage=UsageInfo(prompt_tokens=1, completion_tokens=1, total_tokens=2),
-        choices=[ChatCompletionResponseChoice(index=0, message=message,
-                                              finish_reason=finish_reason)])
+        model="m",
+        usage=UsageInfo(prompt_tokens=1, completion_tokens=1, total_tokens=2),
+        choices=[
+            ChatCompletionResponseChoice(index=0, message=message, finish_reason=finish_reason)
+        ],
+    )
     named = chat({"type": "function", "function": {"name": "get_weather"}})
     [choice] = json.loads(ChatApi(Serving()).body(result, named))["choices"]
     assert choice["finish_reason"] == finish_reason

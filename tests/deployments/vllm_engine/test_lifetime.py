@@ -41,4 +41,6 @@ def test_process_exits_when_its_parent_is_killed():
 
 def test_registered_as_a_vllm_general_plugin():
     plugins = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
-    assert plugins["serviceai_exit_with_parent"] == "deployments.vllm_engine.lifetime:exit_with_parent"
+    assert (
+        plugins["serviceai_exit_with_parent"] == "deployments.vllm_engine.lifetime:exit_with_parent"
+    )

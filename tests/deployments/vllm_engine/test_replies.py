@@ -128,7 +128,9 @@ async def test_a_whole_reply_closed_by_its_caller_cancels_the_serving_layers_cal
         finally:
             cancelled.set()
 
-    assert await parts_of(StandInApi(create), {}, limit=1) == [(b"", 7, 0, False, None, None, False)]
+    assert await parts_of(StandInApi(create), {}, limit=1) == [
+        (b"", 7, 0, False, None, None, False)
+    ]
     await asyncio.wait_for(cancelled.wait(), timeout=1)
 
 
@@ -152,8 +154,9 @@ async def test_what_the_serving_layer_raises_is_the_clients_error(raised, status
 
 async def test_a_serving_layer_error_response_names_the_field_the_client_sent():
     async def create(_):
-        return error_response("This model's maximum context length is 2048 tokens",
-                              400, "input_tokens")
+        return error_response(
+            "This model's maximum context length is 2048 tokens", 400, "input_tokens"
+        )
 
     with pytest.raises(InvalidGenerationRequest) as refused:
         await parts_of(StandInApi(create), {})
@@ -161,10 +164,16 @@ async def test_a_serving_layer_error_response_names_the_field_the_client_sent():
 
 
 async def test_a_stream_comes_in_parts_and_marks_its_last():
-    parts = await parts_of(streamed(Event(b"a"), Event(b"b"), Event(b"[DONE]", last=True)),
-                           {"stream": True}, batched=False)
+    parts = await parts_of(
+        streamed(Event(b"a"), Event(b"b"), Event(b"[DONE]", last=True)),
+        {"stream": True},
+        batched=False,
+    )
     assert [(p.data, p.last, p.prompt_tokens) for p in parts] == [
-        (b"a", False, 7), (b"b", False, 7), (b"[DONE]", True, 7)]
+        (b"a", False, 7),
+        (b"b", False, 7),
+        (b"[DONE]", True, 7),
+    ]
 
 
 async def test_events_that_arrive_together_are_taken_together():
@@ -214,8 +223,11 @@ async def test_a_refusal_before_any_event_is_raised_before_any_part():
 async def test_a_stream_that_fails_later_sends_what_came_before_then_raises(batched):
     parts = []
     with pytest.raises(EngineUnavailable) as failed:
-        async for part in serve(streamed(Event(b"1"), then=RuntimeError("engine gone")),
-                                {"stream": True}, batched=batched):
+        async for part in serve(
+            streamed(Event(b"1"), then=RuntimeError("engine gone")),
+            {"stream": True},
+            batched=batched,
+        ):
             parts.append(part)
     assert [p.data for p in parts] == [b"1"]
     assert failed.value.prompt_tokens == 7 and "Retry shortly" in failed.value.message
@@ -255,10 +267,18 @@ async def test_chat_events_mark_done_as_the_last():
 @pytest.mark.parametrize(
     ("event", "status", "code"),
     [
-        ('data: {"error": {"message": "bad stop", "type": "BadRequestError", '
-         '"param": "stop", "code": 400}}\n\n', 400, "invalid_value"),
-        ('data: {"error": {"message": "boom", "type": "InternalServerError", '
-         '"param": null, "code": 500}}\n\n', 503, "model_unavailable"),
+        (
+            'data: {"error": {"message": "bad stop", "type": "BadRequestError", '
+            '"param": "stop", "code": 400}}\n\n',
+            400,
+            "invalid_value",
+        ),
+        (
+            'data: {"error": {"message": "boom", "type": "InternalServerError", '
+            '"param": null, "code": 500}}\n\n',
+            503,
+            "model_unavailable",
+        ),
     ],
 )
 async def test_a_chat_error_event_is_raised_as_its_error(event, status, code):

@@ -48,8 +48,13 @@ def test_the_plugin_is_registered_and_installs_its_hooks_once():
     install()  # vLLM may load plugins more than once in a process
     assert GPUModelRunner._sample is patched
     state = CachedRequestState(
-        req_id="r", prompt_token_ids=[1, 2], mm_features=[], sampling_params=None,
-        generator=torch.Generator().manual_seed(3), block_ids=([],), num_computed_tokens=0,
+        req_id="r",
+        prompt_token_ids=[1, 2],
+        mm_features=[],
+        sampling_params=None,
+        generator=torch.Generator().manual_seed(3),
+        block_ids=([],),
+        num_computed_tokens=0,
         output_token_ids=[],
     )
     assert isinstance(state.generator, RewindableGenerator)

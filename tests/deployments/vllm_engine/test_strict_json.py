@@ -27,8 +27,14 @@ def accepts(compiled, text: str) -> bool:
 
 
 def bounded(**bounds: int) -> str:
-    return json.dumps({"type": "object", "properties": {"v": {"type": "string", **bounds}},
-                       "required": ["v"], "additionalProperties": False})
+    return json.dumps(
+        {
+            "type": "object",
+            "properties": {"v": {"type": "string", **bounds}},
+            "required": ["v"],
+            "additionalProperties": False,
+        }
+    )
 
 
 def test_xgrammar_alone_still_lets_a_bounded_string_hold_a_control_character():
@@ -42,39 +48,63 @@ def test_latin_1_characters_survive_the_grammars_text(compiler):
     """xgrammar prints U+0080-U+00FF as `\\xHH` and reads a hex digit after one as part of
     it: its own text of a grammar with an enum value "éa" reads back as U+0E9A. The mended
     grammar writes them as `\\u00HH`."""
-    schema = json.dumps({"type": "object", "required": ["v", "w"], "properties": {
-        "v": {"type": "string", "enum": ["éa", "Zürich", "\\xe9"]},
-        "w": {"type": "string", "maxLength": 2}}})
+    schema = json.dumps(
+        {
+            "type": "object",
+            "required": ["v", "w"],
+            "properties": {
+                "v": {"type": "string", "enum": ["éa", "Zürich", "\\xe9"]},
+                "w": {"type": "string", "maxLength": 2},
+            },
+        }
+    )
     plain = xgr.GrammarCompiler(xgr.TokenizerInfo([]))
     text = str(xgr.Grammar.from_json_schema(schema, **COMPACT))
     assert not accepts(plain.compile_grammar(text), '{"v":"éa","w":""}')
     compiled = compiler.compile_json_schema(schema, **COMPACT)
     for value in ("éa", "Zürich", "\\xe9"):
-        assert accepts(compiled, json.dumps({"v": value, "w": "é1"}, ensure_ascii=False,
-                                            separators=(",", ":")))
+        assert accepts(
+            compiled, json.dumps({"v": value, "w": "é1"}, ensure_ascii=False, separators=(",", ":"))
+        )
 
 
-@pytest.mark.parametrize("text, ok", [
-    ('{"v":"abc"}', True),
-    ('{"v":"abcd"}', False),
-    ('{"v":"a\x0fb"}', False),
-    ('{"v":"a\tb"}', False),
-    ('{"v":"\\n\\t\\""}', True),
-    ('{"v":"\\u00e9"}', True),
-    ('{"v":"\\ud83d\\ude00"}', True),  # one code point, as maxLength counts
-    ('{"v":"\\ud83d"}', False),  # a lone surrogate decodes to no character
-    ('{"v":"\\x"}', False),
-])
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ('{"v":"abc"}', True),
+        ('{"v":"abcd"}', False),
+        ('{"v":"a\x0fb"}', False),
+        ('{"v":"a\tb"}', False),
+        ('{"v":"\\n\\t\\""}', True),
+        ('{"v":"\\u00e9"}', True),
+        ('{"v":"\\ud83d\\ude00"}', True),  # one code point, as maxLength counts
+        ('{"v":"\\ud83d"}', False),  # a lone surrogate decodes to no character
+        ('{"v":"\\x"}', False),
+    ],
+)
 def test_a_bounded_string_takes_json_characters_only(compiler, text, ok):
     assert accepts(compiler.compile_json_schema(bounded(maxLength=3), **COMPACT), text) is ok
 
 
 def test_structural_tags_of_automatic_calls_are_mended_too(compiler):
-    tag = {"type": "structural_tag", "format": {
-        "type": "triggered_tags", "triggers": ["<tool_call>"], "tags": [{
-            "type": "tag", "begin": "<tool_call>", "end": "</tool_call>",
-            "content": {"type": "json_schema", "json_schema": json.loads(bounded(minLength=1))},
-        }]}}
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<tool_call>"],
+            "tags": [
+                {
+                    "type": "tag",
+                    "begin": "<tool_call>",
+                    "end": "</tool_call>",
+                    "content": {
+                        "type": "json_schema",
+                        "json_schema": json.loads(bounded(minLength=1)),
+                    },
+                }
+            ],
+        },
+    }
     compiled = compiler.compile_structural_tag(json.dumps(tag))
     assert not accepts(compiled, 'hi <tool_call>{"v":"\x01"}</tool_call>')
     assert accepts(compiled, 'hi <tool_call>{"v":"\\u0001"}</tool_call>')
@@ -94,8 +124,10 @@ def test_every_string_a_strict_parser_reads_within_the_bounds_is_taken_and_no_ot
     compiled = compiler.compile_json_schema(schema, **COMPACT)
     fits = low <= len(value) <= low + extra
     assert accepts(compiled, json.dumps({"v": value}, separators=(",", ":"))) is fits
-    assert accepts(compiled, json.dumps({"v": value}, ensure_ascii=False,
-                                        separators=(",", ":"))) is fits
+    assert (
+        accepts(compiled, json.dumps({"v": value}, ensure_ascii=False, separators=(",", ":")))
+        is fits
+    )
     raw = '{"v":"' + value + '"}'  # the characters unescaped, as the old grammar let them be
     try:
         strict = json.loads(raw)["v"] == value

@@ -63,19 +63,26 @@ async def test_the_log_pages_back_from_the_newest(store: KeyStore):
     second = await store.audit_log(limit=2, before=first.data[-1].id)
     third = await store.audit_log(limit=2, before=second.data[-1].id)
     assert [e.target for e in second.data + third.data] == [
-        "u2@example.com", "u1@example.com", "u0@example.com"]
+        "u2@example.com",
+        "u1@example.com",
+        "u0@example.com",
+    ]
     assert not third.has_more
     assert {e.source for e in first.data} == {"admin_api"}
 
 
 async def test_users_are_found_by_part_of_their_email_and_counted_per_plan(store: KeyStore):
-    for email, plan in [("ada@example.com", "pro"), ("bob@example.org", "free"),
-                        ("a_b@example.com", "free")]:
+    for email, plan in [
+        ("ada@example.com", "pro"),
+        ("bob@example.org", "free"),
+        ("a_b@example.com", "free"),
+    ]:
         await store.create_user(email, plan)
     found = await store.list_users(email_contains=" EXAMPLE.COM ")
     assert [u.email for u in found.data] == ["ada@example.com", "a_b@example.com"]
     # '_' and '%' are the text itself, not wildcards.
     assert [u.email for u in (await store.list_users(email_contains="a_b")).data] == [
-        "a_b@example.com"]
+        "a_b@example.com"
+    ]
     assert (await store.list_users(email_contains="%")).data == []
     assert await store.users_per_plan() == {"pro": 1, "free": 2}

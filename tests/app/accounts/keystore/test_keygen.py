@@ -20,6 +20,13 @@ def test_only_the_hash_and_the_display_form_leave_the_issuer():
 
 def test_malformed_tokens():
     good = keygen.issue().secret
-    for token in ("", "sai-", good[:-1], good + "x", "sk-" + good[4:], good[:10] + "!" + good[11:],
-                  " " + good):
+    for token in (
+        "",
+        "sai-",
+        good[:-1],
+        good + "x",
+        "sk-" + good[4:],
+        good[:10] + "!" + good[11:],
+        " " + good,
+    ):
         assert not keygen.is_well_formed(token), token

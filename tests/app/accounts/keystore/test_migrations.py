@@ -17,7 +17,9 @@ from app.accounts.keystore.tables import Base, UtcDateTime
 
 async def current_revisions(database: Database) -> list[str]:
     async with database.engine.connect() as connection:
-        return list((await connection.execute(text("SELECT version_num FROM alembic_version"))).scalars())
+        return list(
+            (await connection.execute(text("SELECT version_num FROM alembic_version"))).scalars()
+        )
 
 
 def head() -> str:
@@ -52,14 +54,16 @@ async def test_upgrading_from_the_first_revision_keeps_existing_keys_working(dat
     async with old.engine.begin() as connection:
         created = bindparam("created", datetime(2026, 1, 1, tzinfo=UTC), type_=UtcDateTime())
         await connection.execute(
-            text("INSERT INTO users (id, email, plan, created_at) "
-                 "VALUES ('user_old', 'old@example.com', 'pro', :created)").bindparams(created)
+            text(
+                "INSERT INTO users (id, email, plan, created_at) "
+                "VALUES ('user_old', 'old@example.com', 'pro', :created)"
+            ).bindparams(created)
         )
         await connection.execute(
-            text("INSERT INTO api_keys (id, user_id, key_hash, display, name, created_at) "
-                 "VALUES ('key_old', 'user_old', :hash, :display, 'old', :created)").bindparams(
-                created, hash=keygen.hash_key(secret), display=keygen.display_form(secret)
-            )
+            text(
+                "INSERT INTO api_keys (id, user_id, key_hash, display, name, created_at) "
+                "VALUES ('key_old', 'user_old', :hash, :display, 'old', :created)"
+            ).bindparams(created, hash=keygen.hash_key(secret), display=keygen.display_form(secret))
         )
     assert await current_revisions(old) == [first]
     await old.close()
@@ -68,7 +72,9 @@ async def test_upgrading_from_the_first_revision_keeps_existing_keys_working(dat
     try:
         assert await current_revisions(upgraded) == [head()]
         verifier = KeyVerifier(KeyStore(upgraded))
-        assert await verifier.verify(secret) == Caller(key_id="key_old", user_id="user_old", plan="pro")
+        assert await verifier.verify(secret) == Caller(
+            key_id="key_old", user_id="user_old", plan="pro"
+        )
     finally:
         await upgraded.close()
 
@@ -84,18 +90,22 @@ async def test_a_store_of_the_revision_before_key_scopes_upgrades_with_its_keys_
     async with old.engine.begin() as connection:
         created = bindparam("created", datetime(2026, 1, 1, tzinfo=UTC), type_=UtcDateTime())
         await connection.execute(
-            text("INSERT INTO users (id, email, plan, created_at, session_version) "
-                 "VALUES ('user_old', 'old@example.com', 'pro', :created, 0)").bindparams(created)
+            text(
+                "INSERT INTO users (id, email, plan, created_at, session_version) "
+                "VALUES ('user_old', 'old@example.com', 'pro', :created, 0)"
+            ).bindparams(created)
         )
         await connection.execute(
-            text("INSERT INTO api_keys (id, user_id, key_hash, display, name, created_at) "
-                 "VALUES ('key_old', 'user_old', :hash, :display, 'old', :created)").bindparams(
-                created, hash=keygen.hash_key(secret), display=keygen.display_form(secret)
-            )
+            text(
+                "INSERT INTO api_keys (id, user_id, key_hash, display, name, created_at) "
+                "VALUES ('key_old', 'user_old', :hash, :display, 'old', :created)"
+            ).bindparams(created, hash=keygen.hash_key(secret), display=keygen.display_form(secret))
         )
         await connection.execute(
-            text("INSERT INTO daily_usage (key_id, model_type, day, requests, prompt_tokens, "
-                 "completion_tokens) VALUES ('key_old', 'ServiceAi-Fast', :day, 3, 30, 40)"),
+            text(
+                "INSERT INTO daily_usage (key_id, model_type, day, requests, prompt_tokens, "
+                "completion_tokens) VALUES ('key_old', 'ServiceAi-Fast', :day, 3, 30, 40)"
+            ),
             {"day": datetime.now(UTC).date()},
         )
     await old.close()
@@ -128,18 +138,22 @@ async def test_a_store_of_the_revision_before_roles_upgrades_to_plain_users_and_
     async with old.engine.begin() as connection:
         created = bindparam("created", datetime(2026, 1, 1, tzinfo=UTC), type_=UtcDateTime())
         await connection.execute(
-            text("INSERT INTO users (id, email, plan, created_at, session_version) "
-                 "VALUES ('user_old', 'old@example.com', 'pro', :created, 0)").bindparams(created)
+            text(
+                "INSERT INTO users (id, email, plan, created_at, session_version) "
+                "VALUES ('user_old', 'old@example.com', 'pro', :created, 0)"
+            ).bindparams(created)
         )
         await connection.execute(
-            text("INSERT INTO api_keys (id, user_id, key_hash, display, name, created_at) "
-                 "VALUES ('key_old', 'user_old', :hash, :display, 'old', :created)").bindparams(
-                created, hash=keygen.hash_key(secret), display=keygen.display_form(secret)
-            )
+            text(
+                "INSERT INTO api_keys (id, user_id, key_hash, display, name, created_at) "
+                "VALUES ('key_old', 'user_old', :hash, :display, 'old', :created)"
+            ).bindparams(created, hash=keygen.hash_key(secret), display=keygen.display_form(secret))
         )
         await connection.execute(
-            text("INSERT INTO daily_usage (key_id, model_type, day, requests, prompt_tokens, "
-                 "completion_tokens) VALUES ('key_old', 'ServiceAi-Fast', :day, 3, 30, 40)"),
+            text(
+                "INSERT INTO daily_usage (key_id, model_type, day, requests, prompt_tokens, "
+                "completion_tokens) VALUES ('key_old', 'ServiceAi-Fast', :day, 3, 30, 40)"
+            ),
             {"day": date(2026, 11, 20)},
         )
     await old.close()
@@ -149,7 +163,8 @@ async def test_a_store_of_the_revision_before_roles_upgrades_to_plain_users_and_
         assert await current_revisions(upgraded) == [head()]
         store = KeyStore(upgraded)
         assert await store.daily_totals(date(2026, 11, 1), date(2026, 11, 30)) == [
-            DailyTotal(date(2026, 11, 20), "ServiceAi-Fast", 3, 30, 40)]
+            DailyTotal(date(2026, 11, 20), "ServiceAi-Fast", 3, 30, 40)
+        ]
         assert (await store.get_user("user_old")).role == "user"
         caller = await KeyVerifier(store).verify(secret)
         assert caller == Caller(key_id="key_old", user_id="user_old", plan="pro")
@@ -157,6 +172,10 @@ async def test_a_store_of_the_revision_before_roles_upgrades_to_plain_users_and_
         await store.update_user("user_old", role="admin", actor=Actor.command_line())
         assert (await store.get_user("old@example.com")).role == "admin"
         [entry] = (await store.audit_log()).data
-        assert (entry.source, entry.action, entry.target) == ("cli", "user.set_role", "old@example.com")
+        assert (entry.source, entry.action, entry.target) == (
+            "cli",
+            "user.set_role",
+            "old@example.com",
+        )
     finally:
         await upgraded.close()

@@ -13,18 +13,30 @@ from app.accounts.keystore.tables import StoredResponseRow
 
 def items(count: int) -> list[dict]:
     return [
-        {"id": f"msg_{i}", "type": "message", "role": "user",
-         "content": [{"type": "input_text", "text": f"turn {i}"}]}
+        {
+            "id": f"msg_{i}",
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": f"turn {i}"}],
+        }
         for i in range(count)
     ]
 
 
 def body(response_id: str, text: str = "hello") -> dict:
     return {
-        "id": response_id, "object": "response", "status": "completed",
-        "output": [{"id": f"msg_out_{response_id}", "type": "message", "role": "assistant",
-                    "status": "completed",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        "id": response_id,
+        "object": "response",
+        "status": "completed",
+        "output": [
+            {
+                "id": f"msg_out_{response_id}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
     }
 
 
@@ -116,8 +128,14 @@ async def test_retention_sets_the_expiry(store, users):
 
 async def test_the_size_cap_refuses_an_input_up_front_and_a_reply_that_overflows(responses, users):
     ada, _ = users
-    huge = [{"id": "msg_0", "type": "message", "role": "user",
-             "content": [{"type": "input_text", "text": "x" * 70_000}]}]
+    huge = [
+        {
+            "id": "msg_0",
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "x" * 70_000}],
+        }
+    ]
     with pytest.raises(ResponseTooLarge) as refused:
         responses.check_size(huge)
     assert (refused.value.status, refused.value.param) == (400, "input")

@@ -21,7 +21,12 @@ from app.accounts.keystore.tables import ApiKeyRow, UserRow
 
 async def test_a_new_user_gets_the_free_plan(store: KeyStore):
     user = await store.create_user("  Ada@Example.COM ")
-    assert (user.email, user.plan, user.disabled, user.disabled_at) == ("ada@example.com", "free", False, None)
+    assert (user.email, user.plan, user.disabled, user.disabled_at) == (
+        "ada@example.com",
+        "free",
+        False,
+        None,
+    )
     assert user.id.startswith("user_")
     assert abs(user.created_at - datetime.now(UTC).timestamp()) < 60
     assert await store.get_user("ADA@example.com") == user
@@ -39,7 +44,12 @@ async def test_emails_are_unique(store: KeyStore):
 async def test_a_key_is_stored_only_as_its_hash(store: KeyStore):
     user = await store.create_user("ada@example.com")
     issued = await store.create_key(user.email, "laptop")
-    assert (issued.user_id, issued.name, issued.revoked, issued.last_used_at) == (user.id, "laptop", False, None)
+    assert (issued.user_id, issued.name, issued.revoked, issued.last_used_at) == (
+        user.id,
+        "laptop",
+        False,
+        None,
+    )
     assert issued.display == f"sai-...{issued.key[-4:]}"
     async with store.database.transaction() as session:
         row = await session.scalar(select(ApiKeyRow).where(ApiKeyRow.id == issued.id))
@@ -72,7 +82,12 @@ async def test_disabling_a_user_stops_all_their_keys(store: KeyStore):
     enabled = await store.update_user(user.id, disabled=False, plan="pro")
     assert (enabled.disabled, enabled.plan) == (False, "pro")
     owner = await store.find_key(keygen.hash_key(keys[0].key))
-    assert (owner.user_disabled, owner.plan, owner.user_id, owner.key_id) == (False, "pro", user.id, keys[0].id)
+    assert (owner.user_disabled, owner.plan, owner.user_id, owner.key_id) == (
+        False,
+        "pro",
+        user.id,
+        keys[0].id,
+    )
 
 
 async def test_unknown_key_user_and_owner(store: KeyStore):
@@ -145,8 +160,11 @@ async def test_passwords_are_stored_as_argon2id_hashes(store: KeyStore):
 
     signed_in = await store.check_password(" ADA@example.com", "first password")
     assert signed_in.email == "ada@example.com"
-    for email, password in [("ada@example.com", "First password"), ("ops@example.com", ""),
-                            ("nobody@example.com", "first password")]:
+    for email, password in [
+        ("ada@example.com", "First password"),
+        ("ops@example.com", ""),
+        ("nobody@example.com", "first password"),
+    ]:
         with pytest.raises(WrongCredentials) as info:
             await store.check_password(email, password)
         assert info.value.status == 401

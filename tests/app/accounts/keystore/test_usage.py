@@ -25,19 +25,25 @@ async def keys(store: KeyStore) -> tuple[str, str, str]:
 
 async def test_batches_add_up_per_key_model_type_and_day(store, keys):
     ada, ada_key, bob_key = keys
-    await store.record_usage({
-        UsageKey(ada_key, "ServiceAi-Pro", DAY): UsageCount(2, 30, 40),
-        UsageKey(ada_key, "ServiceAi-Fast", DAY): UsageCount(1, 5, 6),
-        UsageKey(bob_key, "ServiceAi-Pro", DAY): UsageCount(1, 1, 1),
-    })
-    await store.record_usage({
-        UsageKey(ada_key, "ServiceAi-Pro", DAY): UsageCount(1, 10, 20),
-        UsageKey(ada_key, "ServiceAi-Pro", DAY + timedelta(days=1)): UsageCount(1, 7, 8),
-    })
+    await store.record_usage(
+        {
+            UsageKey(ada_key, "ServiceAi-Pro", DAY): UsageCount(2, 30, 40),
+            UsageKey(ada_key, "ServiceAi-Fast", DAY): UsageCount(1, 5, 6),
+            UsageKey(bob_key, "ServiceAi-Pro", DAY): UsageCount(1, 1, 1),
+        }
+    )
+    await store.record_usage(
+        {
+            UsageKey(ada_key, "ServiceAi-Pro", DAY): UsageCount(1, 10, 20),
+            UsageKey(ada_key, "ServiceAi-Pro", DAY + timedelta(days=1)): UsageCount(1, 7, 8),
+        }
+    )
     report = await store.usage(user="ada@example.com", start=DAY, end=DAY + timedelta(days=1))
     assert (report.start_date, report.end_date) == (DAY, DAY + timedelta(days=1))
-    rows = [(r.date, r.model, r.requests, r.prompt_tokens, r.completion_tokens, r.total_tokens)
-            for r in report.data]
+    rows = [
+        (r.date, r.model, r.requests, r.prompt_tokens, r.completion_tokens, r.total_tokens)
+        for r in report.data
+    ]
     assert rows == [
         (DAY, "ServiceAi-Fast", 1, 5, 6, 11),
         (DAY, "ServiceAi-Pro", 3, 40, 60, 100),
@@ -68,11 +74,13 @@ async def test_the_default_range_is_the_last_30_days_and_bad_ranges_are_refused(
 async def test_usage_today_sums_a_users_keys_per_model_type(store, keys):
     ada, ada_key, _ = keys
     second_key = (await store.create_key(ada)).id
-    await store.record_usage({
-        UsageKey(ada_key, "ServiceAi-Pro", today()): UsageCount(1, 10, 5),
-        UsageKey(second_key, "ServiceAi-Pro", today()): UsageCount(2, 20, 10),
-        UsageKey(ada_key, "ServiceAi-Pro", today() - timedelta(days=1)): UsageCount(9, 9, 9),
-    })
+    await store.record_usage(
+        {
+            UsageKey(ada_key, "ServiceAi-Pro", today()): UsageCount(1, 10, 5),
+            UsageKey(second_key, "ServiceAi-Pro", today()): UsageCount(2, 20, 10),
+            UsageKey(ada_key, "ServiceAi-Pro", today() - timedelta(days=1)): UsageCount(9, 9, 9),
+        }
+    )
     assert await store.usage_today(ada) == {
         "ServiceAi-Pro": UsageTotals(
             requests=3, prompt_tokens=30, completion_tokens=15, total_tokens=45
@@ -88,10 +96,13 @@ async def test_the_meter_writes_nothing_until_it_flushes_then_everything_at_once
     meter.record(bob_key, "ServiceAi-Coder", 7, 0)
     assert (await store.usage(start=DAY, end=DAY)).data == []
     await meter.close()  # what a stopping replica does
-    rows = {(r.key_id, r.model): (r.requests, r.prompt_tokens, r.completion_tokens)
-            for r in (await store.usage(start=DAY, end=DAY)).data}
+    rows = {
+        (r.key_id, r.model): (r.requests, r.prompt_tokens, r.completion_tokens)
+        for r in (await store.usage(start=DAY, end=DAY)).data
+    }
     assert rows == {
-        (ada_key, "ServiceAi-Pro"): (5, 60, 15), (bob_key, "ServiceAi-Coder"): (1, 7, 0)
+        (ada_key, "ServiceAi-Pro"): (5, 60, 15),
+        (bob_key, "ServiceAi-Coder"): (1, 7, 0),
     }
 
 
@@ -139,12 +150,14 @@ async def test_everyones_daily_totals_and_the_top_users_and_keys_match_the_rows_
     bob_key = await store.create_key(bob.id, "b")
     day, before = today(), today() - timedelta(days=1)
     for batch in range(2):  # two flushes add up
-        await store.record_usage({
-            UsageKey(ada_keys[0].id, "ServiceAi-Fast", day): UsageCount(1, 10, 5),
-            UsageKey(ada_keys[1].id, "ServiceAi-Fast", day): UsageCount(2, 20, 10),
-            UsageKey(bob_key.id, "ServiceAi-Fast", day): UsageCount(1, 100, 100),
-            UsageKey(bob_key.id, "ServiceAi-Pro", before): UsageCount(3, 1, 1),
-        })
+        await store.record_usage(
+            {
+                UsageKey(ada_keys[0].id, "ServiceAi-Fast", day): UsageCount(1, 10, 5),
+                UsageKey(ada_keys[1].id, "ServiceAi-Fast", day): UsageCount(2, 20, 10),
+                UsageKey(bob_key.id, "ServiceAi-Fast", day): UsageCount(1, 100, 100),
+                UsageKey(bob_key.id, "ServiceAi-Pro", before): UsageCount(3, 1, 1),
+            }
+        )
     assert await store.daily_totals(before, day) == [
         DailyTotal(before, "ServiceAi-Pro", 6, 2, 2),
         DailyTotal(day, "ServiceAi-Fast", 8, 260, 230),
@@ -154,8 +167,12 @@ async def test_everyones_daily_totals_and_the_top_users_and_keys_match_the_rows_
     ]
     users, keys = await store.top(before, day, limit=2)
     assert [(u.email, u.requests, u.total_tokens) for u in users] == [
-        ("bob@example.com", 8, 404), ("ada@example.com", 6, 90)]
+        ("bob@example.com", 8, 404),
+        ("ada@example.com", 6, 90),
+    ]
     assert [(k.key_id, k.email, k.total_tokens) for k in keys] == [
-        (bob_key.id, "bob@example.com", 404), (ada_keys[1].id, "ada@example.com", 60)]
+        (bob_key.id, "bob@example.com", 404),
+        (ada_keys[1].id, "ada@example.com", 60),
+    ]
     [only] = await store.top_keys(before, day, 1, user_id=ada.id)
     assert (only.key_id, only.name, only.requests) == (ada_keys[1].id, "a1", 4)

@@ -22,9 +22,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("users") as users:
-        users.add_column(
-            sa.Column("role", sa.String(16), nullable=False, server_default="user")
-        )
+        users.add_column(sa.Column("role", sa.String(16), nullable=False, server_default="user"))
     op.create_table(
         "audit_log",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
