@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install browser node-clients run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority \
+.PHONY: install browser node-clients lint run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority \
 	lock clean cluster-up cluster-down
 
 install: $(STAMP)
@@ -38,7 +38,7 @@ run: install
 	$(BIN)/serviceai run
 
 # Throw-away PostgreSQL and Redis where the machine's own do not answer (tests/with_services.sh).
-test: install browser node-clients
+test: install browser node-clients lint
 	PYTHON=$(BIN)/python tests/with_services.sh $(BIN)/python -m pytest
 
 # Rehearse a rollout without GPUs: cluster.yaml's node types as `ray start` nodes on this machine,
@@ -48,6 +48,11 @@ cluster-up: install
 
 cluster-down:
 	$(BIN)/python -m rehearsal down
+
+# Lint and formatting, as CI runs them (part of `make test`); `ruff format .` fixes the format.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The fast tier: no Ray, no engine (a few minutes); `make test` runs it too, with the real stack.
 test-fast: install

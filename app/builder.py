@@ -12,8 +12,8 @@ from ray.serve import Application
 
 from app.config.service import ServiceConfig
 from app.ingress import Ingress
-from deployments.model_type import ModelTypeConfig
 from deployments.model_server import build_model_app, build_model_type_app, ensure_local_model
+from deployments.model_type import ModelTypeConfig
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -10,20 +10,20 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.http.app import create_api
 from app.accounts.auth import KeyVerifier
-from app.config.service import ServiceConfig
-from app.console import mount_console, require_shared_secret
-from app.serving.dispatch import ModelRouter
 from app.accounts.keystore import open_store
 from app.accounts.keystore.responses import ResponseStore
-from app.limits.admission import RateLimits
-from app.observability.metrics import InFlight
-from app.periodic import PeriodicFlush
+from app.config.service import ServiceConfig
 from app.config.settings import get_settings
+from app.console import mount_console, require_shared_secret
+from app.http.app import create_api
+from app.limits.admission import RateLimits
+from app.limits.counters import open_counters
 from app.limits.usage_journal import UsageJournal, default_folder
 from app.limits.usage_meter import UsageMeter
-from app.limits.counters import open_counters
+from app.observability.metrics import InFlight
+from app.periodic import PeriodicFlush
+from app.serving.dispatch import ModelRouter
 from deployments import ray_internals
 from deployments.garbage_collection import collect_less_often
 

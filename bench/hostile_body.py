@@ -20,14 +20,14 @@ from pathlib import Path
 import httpx
 import yaml
 
-from app.http.app import create_api
 from app.accounts.auth import KeyVerifier
-from app.serving.dispatch import ModelRouter
 from app.accounts.keystore import Database, KeyStore
-from app.limits.plans import Plans
+from app.http.app import create_api
 from app.limits.admission import RateLimits
-from app.limits.usage_meter import UsageMeter
 from app.limits.counters import MemoryCounters
+from app.limits.plans import Plans
+from app.limits.usage_meter import UsageMeter
+from app.serving.dispatch import ModelRouter
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "serve_config.yaml"
 

@@ -21,9 +21,9 @@ import statistics
 import time
 
 from app.accounts.auth import Caller
-from app.limits.plans import Plans
 from app.limits.admission import RateLimits
 from app.limits.counters import open_counters
+from app.limits.plans import Plans
 
 MODEL_TYPE = "ServiceAi-Fast"
 HIGH = {

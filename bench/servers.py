@@ -6,9 +6,9 @@ import asyncio
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -24,8 +24,8 @@ import psutil
 import yaml
 
 from app.accounts.keystore import open_store
-from app.serving.ray_runtime import cluster_env, free_port
 from app.config.settings import Settings
+from app.serving.ray_runtime import cluster_env, free_port
 from deployments.model_type import TINY_MODEL, ModelTypeConfig, tiny_model_dir
 from deployments.tiny_model import ensure
 

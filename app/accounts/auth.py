@@ -21,14 +21,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.openai.errors import ApiError
 from app.accounts.keystore import KeyOwner, KeyStore, keygen
-from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.audit import Actor
+from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.schemas import ApiKey, KeyLimits, KeyScopes
-from app.periodic import PeriodicFlush
 from app.observability.metrics import authentication_failed
 from app.observability.request_record import record_of
+from app.openai.errors import ApiError
+from app.periodic import PeriodicFlush
 
 logger = logging.getLogger("ray.serve.serviceai")
 

@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
-from enum import Enum
+from enum import StrEnum
 from typing import NoReturn, TypeVar
 
 import typer
@@ -23,16 +23,16 @@ from app.accounts.keystore import KeyStore, open_store
 from app.accounts.keystore.audit import LAST_ID, Actor
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.schemas import (
-    DEFAULT_PLAN,
     DEFAULT_GRACE_S,
+    DEFAULT_PLAN,
     ApiKey,
     ApiKeyCreate,
     ApiKeyRotate,
     ApiKeyUpdate,
-    IssuedApiKey,
     AuditPage,
-    UsageList,
+    IssuedApiKey,
     PasswordSet,
+    UsageList,
     User,
     UserCreate,
     UserUpdate,
@@ -61,7 +61,7 @@ keys = typer.Typer(
 JsonOption = typer.Option(False, "--json", help="Print JSON (as the admin API returns it).")
 
 
-class ListOrder(str, Enum):
+class ListOrder(StrEnum):
     asc = "asc"
     desc = "desc"
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import typer
 import yaml
 
-from app.cli.accounts import EXIT_CODES, audit, keys, usage, users, with_store
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.errors import UserNotFound
+from app.cli.accounts import EXIT_CODES, audit, keys, usage, users, with_store
 from app.cli.serve_process import PortRefused, ServeRun, claim_runtime_dir, clear_port
-from app.serving.ray_runtime import cluster_env, free_port
 from app.config.settings import PROJECT_ROOT
+from app.serving.ray_runtime import cluster_env, free_port
 
 cli = typer.Typer(help="ServiceAi: OpenAI-compatible chat completions on Ray Serve and vLLM.")
 cli.add_typer(users, name="users")

@@ -16,13 +16,13 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.sessions import SessionMiddleware
 
+from app.accounts.keystore.errors import KeyStoreError
+from app.config.settings import Settings
 from app.console import operator_pages, pages
 from app.console.client_address import ClientAddress
 from app.console.session import CsrfRejected, SignInRequired
 from app.console.sign_in_limit import SignInLimit
 from app.openai.errors import request_id_of
-from app.accounts.keystore.errors import KeyStoreError
-from app.config.settings import Settings
 
 logger = logging.getLogger("ray.serve.serviceai")
 

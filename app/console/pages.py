@@ -16,19 +16,19 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
 from app.accounts.auth import KeyVerifier
+from app.accounts.keystore import KeyStore
+from app.accounts.keystore.errors import KeyLimitReached, UserExists, WrongCredentials
+from app.accounts.keystore.schemas import MAX_PAGE, IssuedApiKey, UsageTotals, User
 from app.accounts.scopes import check_models
 from app.console import session
+from app.console.charts import BarChart
 from app.console.forms import KeyForm, SignInForm, SignUpForm, grace_hours, problem
 from app.console.session import signed_in_user
 from app.console.sign_in_limit import SignInLimit
-from app.console.charts import BarChart
 from app.console.usage_view import last_days, model_chart
-from app.accounts.keystore import KeyStore
-from app.accounts.keystore.errors import KeyLimitReached, UserExists, WrongCredentials
-from app.openai.errors import ApiError
-from app.accounts.keystore.schemas import MAX_PAGE, IssuedApiKey, UsageTotals, User
-from app.limits.plans import ModelTypeLimits
 from app.limits.admission import RateLimits
+from app.limits.plans import ModelTypeLimits
+from app.openai.errors import ApiError
 from deployments.catalog import LOGICAL_MODEL_TYPES, LogicalModelType
 
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")

@@ -10,18 +10,18 @@ from fastapi.responses import JSONResponse
 from pydantic import SecretStr
 
 from app.accounts.auth import AuthenticateFirst, KeyVerifier, store_error
-from app.http.body_limit import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
-from app.http.cors import install_cors
-from app.serving.dispatch import ModelRouter
-from app.openai.errors import install_error_handlers, validation_error
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.responses import ResponseStore
-from app.limits.admission import RateLimits
-from app.observability.metrics import InFlight
-from app.observability.request_record import ObservedRequests
+from app.http.body_limit import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
+from app.http.cors import install_cors
 from app.http.routes import account, admin, chat, completions, health, responses
 from app.http.routes import models as model_routes
+from app.limits.admission import RateLimits
 from app.limits.usage_meter import UsageMeter
+from app.observability.metrics import InFlight
+from app.observability.request_record import ObservedRequests
+from app.openai.errors import install_error_handlers, validation_error
+from app.serving.dispatch import ModelRouter
 
 
 def create_api(

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import orjson
 
-from app.openai.errors import ApiError
 from app.openai.chat import ChatCompletionRequest
 from app.openai.completions import CompletionRequest
+from app.openai.errors import ApiError
 from app.openai.protocol import GenerationFields
 from app.serving.pipeline import check_tools
 from deployments.wire import ModelInfo, ReplyPart

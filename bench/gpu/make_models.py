@@ -14,7 +14,6 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from deployments.tiny_model import ensure
 
-
 SHAPES = {
     "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16},
     "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32},

@@ -9,14 +9,14 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from app.http.app import create_api
 from app.accounts.auth import KeyVerifier
-from app.serving.dispatch import ModelRouter
 from app.accounts.keystore import KeyStore
-from app.limits.plans import Plans
+from app.http.app import create_api
 from app.limits.admission import RateLimits
-from app.limits.usage_meter import UsageMeter
 from app.limits.counters import MemoryCounters
+from app.limits.plans import Plans
+from app.limits.usage_meter import UsageMeter
+from app.serving.dispatch import ModelRouter
 from tests.conftest import app_args
 
 ADMIN_TOKEN = secrets.token_urlsafe(32)

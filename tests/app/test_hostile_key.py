@@ -13,16 +13,16 @@ import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.types import ASGIApp
 
-from app.http.app import create_api
 from app.accounts.auth import Caller, KeyVerifier
-from app.serving.dispatch import ModelRouter
-from app.openai.errors import ApiError
 from app.accounts.keystore import Database, KeyStore
-from app.limits.plans import Plans
-from app.openai.protocol import MAX_MESSAGES
+from app.http.app import create_api
 from app.limits.admission import RateLimits
-from app.limits.usage_meter import UsageMeter
 from app.limits.counters import MemoryCounters, open_counters
+from app.limits.plans import Plans
+from app.limits.usage_meter import UsageMeter
+from app.openai.errors import ApiError
+from app.openai.protocol import MAX_MESSAGES
+from app.serving.dispatch import ModelRouter
 from tests.app.conftest import bearer
 from tests.app.http.asgi_exchange import Exchange, http_scope
 from tests.conftest import REDIS, app_args, error_of

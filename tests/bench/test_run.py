@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from bench import run
 from app.config.service import ServiceConfig
+from bench import run
 from bench.servers import bare_command, bench_model_type, service_config, service_model_type
 
 GPU_ENGINE = {

@@ -99,9 +99,8 @@ class Rehearsal:
         """Ray's own record of a placement group (strategy, bundles, bundle -> node)."""
         code = (
             "import json, ray; from ray.util.placement_group import PlacementGroup, placement_group_table;"
-            "from ray._raylet import PlacementGroupID; ray.init(address=%r, log_to_driver=False);"
-            "print(json.dumps(placement_group_table(PlacementGroup(PlacementGroupID.from_hex(%r)))))"
-            % (self.cluster.address, group_id)
+            f"from ray._raylet import PlacementGroupID; ray.init(address={self.cluster.address!r}, log_to_driver=False);"
+            f"print(json.dumps(placement_group_table(PlacementGroup(PlacementGroupID.from_hex({group_id!r})))))"
         )
         result = subprocess.run(
             [sys.executable, "-c", code],

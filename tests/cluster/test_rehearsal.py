@@ -143,7 +143,10 @@ async def test_rolling_update_of_one_type_under_load(rehearsal):
     """`serve deploy` of new engine args for Coder while every type streams."""
     for name in MODEL_TYPES:  # Coder may have scaled to zero
         wait_for(
-            lambda: rehearsal.serves(name), timeout_s=300, interval_s=2, what=f"{name} serving"
+            lambda name=name: rehearsal.serves(name),
+            timeout_s=300,
+            interval_s=2,
+            what=f"{name} serving",
         )
     before = {name: replica_ids(rehearsal, name) for name in (*MODEL_TYPES, "Ingress")}
     coder = type_args("ServiceAi-Coder")

@@ -3,13 +3,13 @@ from pydantic import ValidationError
 from ray.serve.config import RequestRouterConfig
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
+from deployments.model_server import ModelServer
 from deployments.model_type import (
     REQUEST_ROUTER,
     TINY_MODEL,
     ModelTypeConfig,
     ray_accelerator_types,
 )
-from deployments.model_server import ModelServer
 
 
 def gpu_type(**fields) -> ModelTypeConfig:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from playwright.sync_api import Browser, sync_playwright
 from transformers import AutoTokenizer
 
 from deployments.model_type import tiny_model_dir
 from tests.conftest import Stack
+from tests.e2e.browser import CHROMIUM
 
 MODEL_TYPES = ["ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"]
 
@@ -93,3 +96,14 @@ def serviceai_cli(database_url: str, *args: str) -> dict:
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Browser]:
+    """Debian's Chromium, driven by Playwright (which downloads no browser here)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield browser
+        browser.close()

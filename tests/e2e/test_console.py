@@ -7,52 +7,18 @@ test's tmp dir, and the latest set in /tmp/helpers/console-shots/ for a person t
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, expect
 
 from app.accounts.keystore import keygen
 from tests.conftest import Stack
+from tests.e2e.browser import Camera
 from tests.e2e.test_keys import HI, wait_until_refused
 
-CHROMIUM = "/usr/bin/chromium"
-LATEST_SHOTS = Path("/tmp/helpers/console-shots")
 PASSWORD = "a console password for e2e"
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        yield browser
-        browser.close()
-
-
-class Camera:
-    def __init__(self, page: Page, folder: Path, first: int = 1) -> None:
-        self.page = page
-        self.folder = folder
-        self.first = first
-        self.taken: list[Path] = []
-
-    def shoot(self, name: str) -> None:
-        path = self.folder / f"{self.first + len(self.taken):02d}-{name}.png"
-        self.page.screenshot(path=path, full_page=True)
-        self.taken.append(path)
-
-    def publish(self) -> None:
-        LATEST_SHOTS.mkdir(parents=True, exist_ok=True)
-        for old in LATEST_SHOTS.glob(f"{self.first // 10}?-*.png"):
-            old.unlink()
-        for path in self.taken:
-            shutil.copy(path, LATEST_SHOTS / path.name)
 
 
 def test_sign_up_create_copy_call_rotate_revoke_refused(stack: Stack, chromium: Browser, tmp_path):

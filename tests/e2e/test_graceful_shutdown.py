@@ -17,8 +17,8 @@ import httpx
 import pytest
 from ray import serve
 
-from app.builder import build_app
 from app.accounts.keystore import Database, KeyStore
+from app.builder import build_app
 from tests.conftest import APP_NAME, app_args
 from tests.e2e.test_stream_lifecycle import wait_until
 

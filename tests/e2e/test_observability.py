@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.accounts.keystore import keygen
 from tests.conftest import Stack, app_args
-from tests.e2e.conftest import serviceai_cli
 from tests.deploy.test_grafana_dashboard import DASHBOARD, metric_names
+from tests.e2e.conftest import serviceai_cli
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Hello there"}]

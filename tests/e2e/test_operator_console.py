@@ -23,8 +23,8 @@ from playwright.sync_api import Browser, Page, expect
 
 from app.console import operator_pages
 from tests.conftest import Stack
+from tests.e2e.browser import Camera
 from tests.e2e.conftest import serviceai_cli
-from tests.e2e.test_console import Camera, chromium  # noqa: F401 (the browser fixture)
 from tests.e2e.test_keys import HI, wait_until_refused
 
 OPERATOR = "operator@example.com"

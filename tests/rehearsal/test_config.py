@@ -10,9 +10,9 @@ import re
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
+from app.config.settings import Settings
 from rehearsal.cluster import worker_node_types
 from rehearsal.config import OVERRIDE, PRODUCTION_CONFIG, merged, rehearsal_config
-from app.config.settings import Settings
 from rehearsal.service import node_env
 from tests.deploy.conftest import build_serve_config
 

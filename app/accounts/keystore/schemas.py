@@ -6,8 +6,8 @@ Times are Unix seconds, as in the rest of the OpenAI format. A key's secret appe
 
 from __future__ import annotations
 
-import re
 import datetime as dt
+import re
 from datetime import datetime
 from typing import Annotated, Generic, Literal, TypeVar
 

@@ -7,7 +7,6 @@ from datetime import date, timedelta
 from fastapi import APIRouter, Depends, Query, Request
 
 from app.accounts.auth import Caller, authenticate
-from app.accounts.scopes import check_models, check_narrower
 from app.accounts.keystore.schemas import (
     MAX_PAGE,
     ApiKey,
@@ -21,6 +20,7 @@ from app.accounts.keystore.schemas import (
     UsageList,
     User,
 )
+from app.accounts.scopes import check_models, check_narrower
 from app.openai.protocol import ErrorResponse
 
 router = APIRouter(

@@ -12,8 +12,6 @@ from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.accounts.auth import KeyVerifier
-from app.accounts.scopes import check_models
-from app.openai.errors import ApiError
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.audit import LAST_ID, Actor
 from app.accounts.keystore.schemas import (
@@ -31,7 +29,9 @@ from app.accounts.keystore.schemas import (
     UserCreate,
     UserUpdate,
 )
+from app.accounts.scopes import check_models
 from app.observability.metrics import authentication_failed
+from app.openai.errors import ApiError
 from app.openai.protocol import ErrorResponse
 
 _admin_bearer = HTTPBearer(

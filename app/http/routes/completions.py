@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 
 from app.accounts.auth import Caller, authenticate
+from app.http.routes.chat import ERRORS
 from app.openai.completions import CompletionRequest
 from app.serving.calls import CompletionCall
 from app.serving.pipeline import serve
-from app.http.routes.chat import ERRORS
 
 router = APIRouter()
 

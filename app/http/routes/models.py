@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 
 from app.accounts.auth import Caller, authenticate
+from app.openai.protocol import ErrorResponse, ModelCard, ModelList
 from app.serving.dispatch import ModelRouter
 from app.serving.pipeline import check_allowed
-from app.openai.protocol import ErrorResponse, ModelCard, ModelList
 
 router = APIRouter()
 

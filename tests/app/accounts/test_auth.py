@@ -13,10 +13,10 @@ from app.accounts.auth import (
     Caller,
     KeyVerifier,
 )
-from app.openai.errors import ApiError
 from app.accounts.keystore import Database, KeyStore, keygen
 from app.accounts.keystore.database import create_engine
 from app.accounts.keystore.errors import StoreUnavailable
+from app.openai.errors import ApiError
 
 
 class Clock:

@@ -10,11 +10,11 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from app.http.app import create_api
 from app.accounts.auth import KeyVerifier
-from app.serving.dispatch import ModelRouter
 from app.accounts.keystore import Database, KeyStore
+from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
+from app.serving.dispatch import ModelRouter
 from tests.app.conftest import bearer, shipped_limits
 from tests.conftest import PostgresDatabases, error_of
 from tests.tcp_proxy import TcpProxy

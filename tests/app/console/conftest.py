@@ -10,13 +10,13 @@ import httpx
 import pytest
 from ray.exceptions import RayActorError
 
-from app.http.app import create_api
 from app.accounts.auth import KeyVerifier
-from app.console import mount_console
-from app.serving.dispatch import ModelRouter
 from app.accounts.keystore import KeyStore
 from app.config.settings import Settings
+from app.console import mount_console
+from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
+from app.serving.dispatch import ModelRouter
 from tests.app.conftest import shipped_limits
 from tests.app.serve_fakes import serve_response
 

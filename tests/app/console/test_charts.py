@@ -2,7 +2,7 @@
 
 from datetime import date, timedelta
 
-from app.console.charts import HEIGHT, BOTTOM, TOP, compact, nice_ceiling, stacked_bars
+from app.console.charts import BOTTOM, HEIGHT, TOP, compact, nice_ceiling, stacked_bars
 
 DAYS = [date(2026, 11, 1) + timedelta(days=n) for n in range(3)]
 

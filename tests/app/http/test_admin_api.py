@@ -3,10 +3,10 @@
 import httpx
 import pytest
 
-from app.http.app import create_api
 from app.accounts.auth import KeyVerifier
-from app.serving.dispatch import ModelRouter
+from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
+from app.serving.dispatch import ModelRouter
 from tests.app.conftest import ADMIN_TOKEN, bearer, shipped_limits
 from tests.conftest import error_of
 

@@ -10,12 +10,12 @@ import httpx
 import pytest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.http.app import create_api
 from app.accounts.auth import KeyVerifier
-from app.http.body_limit import DEFAULT_MAX_BODY_BYTES, DRAIN_FACTOR, BodyLimit
-from app.serving.dispatch import ModelRouter
-from app.limits.usage_meter import UsageMeter
 from app.config.settings import Settings
+from app.http.app import create_api
+from app.http.body_limit import DEFAULT_MAX_BODY_BYTES, DRAIN_FACTOR, BodyLimit
+from app.limits.usage_meter import UsageMeter
+from app.serving.dispatch import ModelRouter
 from tests.app.conftest import bearer, shipped_limits
 from tests.app.http.asgi_exchange import Exchange, http_scope
 from tests.conftest import error_of

@@ -5,11 +5,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.http.app import create_api
 from app.accounts.auth import KeyVerifier
-from app.serving.dispatch import ModelRouter
-from app.limits.usage_meter import UsageMeter
 from app.config.settings import Settings
+from app.http.app import create_api
+from app.limits.usage_meter import UsageMeter
+from app.serving.dispatch import ModelRouter
 from tests.app.conftest import bearer, shipped_limits
 
 PAGE = "http://localhost:3000"

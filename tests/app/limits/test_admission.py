@@ -11,11 +11,11 @@ import pytest
 
 from app.accounts.auth import Caller
 from app.accounts.keystore.schemas import KeyLimits
-from app.openai.errors import ApiError
-from app.limits.plans import Plans
 from app.limits import admission as admission_module
 from app.limits.admission import UNLIMITED, RateLimits, duration
 from app.limits.counters import MemoryCounters, open_counters
+from app.limits.plans import Plans
+from app.openai.errors import ApiError
 from tests.conftest import REDIS, app_args, free_port
 
 REDIS_URL = REDIS

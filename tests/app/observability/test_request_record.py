@@ -10,14 +10,14 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app.http.app import create_api
 from app.accounts.auth import KeyVerifier
-from app.serving.dispatch import ModelRouter
 from app.accounts.keystore import KeyStore
+from app.http.app import create_api
+from app.limits.usage_meter import UsageMeter
 from app.observability import access_log
 from app.observability.metrics import InFlight
 from app.observability.request_record import CLIENT_CLOSED, RequestRecord
-from app.limits.usage_meter import UsageMeter
+from app.serving.dispatch import ModelRouter
 from tests.app.conftest import bearer, shipped_limits
 
 ACCESS_FIELDS = {

@@ -7,9 +7,9 @@ from ray.serve._private.config import DeploymentConfig
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentResponseGenerator
 
+from app.openai.errors import ApiError
 from app.serving import dispatch
 from app.serving.dispatch import ModelEndpoint, ModelRouter, running_replicas, scales_to_zero
-from app.openai.errors import ApiError
 from deployments.wire import ContextLengthExceeded, EngineUnavailable, ModelInfo, ReplyPart
 from tests.app.serve_fakes import FakeHandle, serve_response, serve_stream
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-
 import pytest
 
-from app.openai.errors import ApiError
-from app.openai.chat import ChatCompletionRequest
-from app.openai.completions import CompletionRequest
 from app.observability.metrics import InFlight
 from app.observability.request_record import CLIENT_CLOSED, RequestRecord
+from app.openai.chat import ChatCompletionRequest
+from app.openai.completions import CompletionRequest
+from app.openai.errors import ApiError
 from app.openai.responses import ResponseCreateRequest
 from app.serving.calls import ChatCall, CompletionCall
 from app.serving.pipeline import (

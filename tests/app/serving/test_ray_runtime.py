@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from itertools import count
 import socket
+from itertools import count
 from pathlib import Path
 
 import pytest
+from ray.serve._private import constants
 
 from app.serving import ray_runtime
 from app.serving.ray_runtime import (
@@ -18,7 +19,6 @@ from app.serving.ray_runtime import (
     cluster_env,
     free_port,
 )
-from ray.serve._private import constants
 
 
 def test_two_clusters_on_one_machine_share_no_port_and_no_haproxy_file():

@@ -134,11 +134,11 @@ def test_whole_arguments_come_back_compact_and_valid_json():
 
 @pytest.mark.parametrize("finish_reason, calls", [("length", 0), ("stop", 1)])
 def test_a_forced_call_cut_short_by_the_length_limit_is_no_call(finish_reason, calls):
+    from vllm.entrypoints.generate.base.protocol import FunctionCall, ToolCall
     from vllm.entrypoints.openai.chat_completion.protocol import (
         ChatCompletionResponse,
         ChatCompletionResponseChoice,
     )
-    from vllm.entrypoints.generate.base.protocol import FunctionCall, ToolCall
     from vllm.entrypoints.serve.engine.protocol import UsageInfo
 
     from deployments.vllm_engine.completions import ChatApi

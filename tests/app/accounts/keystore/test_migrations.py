@@ -11,8 +11,8 @@ from sqlalchemy import bindparam, text
 from app.accounts.auth import Caller, KeyVerifier
 from app.accounts.keystore import Database, KeyStore, keygen, migrate
 from app.accounts.keystore.audit import Actor
-from app.accounts.keystore.usage import DailyTotal
 from app.accounts.keystore.tables import Base, UtcDateTime
+from app.accounts.keystore.usage import DailyTotal
 
 
 async def current_revisions(database: Database) -> list[str]:

@@ -149,7 +149,7 @@ async def test_everyones_daily_totals_and_the_top_users_and_keys_match_the_rows_
     ada_keys = [await store.create_key(ada.id, f"a{n}") for n in range(2)]
     bob_key = await store.create_key(bob.id, "b")
     day, before = today(), today() - timedelta(days=1)
-    for batch in range(2):  # two flushes add up
+    for _ in range(2):  # two flushes add up
         await store.record_usage(
             {
                 UsageKey(ada_keys[0].id, "ServiceAi-Fast", day): UsageCount(1, 10, 5),
