@@ -2,8 +2,8 @@
 
 vLLM's priority scheduling orders its *waiting* queue by priority but never frees a running
 slot for a better request: under a flood of low-priority requests, a high-priority one waits
-for the soonest of the running ones to finish (measured in ../shared/FACTS.md: 8.2 s against
-10.1 s). So a replica of a type with `scheduling_policy: priority` admits its requests to the
+for the soonest of the running ones to finish (measured on vLLM 0.32's own server:
+docs/limits.md, "Priority"). So a replica of a type with `scheduling_policy: priority` admits its requests to the
 engine itself: at most `slots` (the engine's max_num_seqs) at once, the last `reserved` of them
 only for requests of priority `reserved_for` or better, the rest waiting here in (priority,
 arrival) order. A request of the first plan then finds a slot free at once, while the

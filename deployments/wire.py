@@ -78,13 +78,6 @@ def _rebuild(cls: type[GenerationError], message: str, state: dict) -> Generatio
     return error
 
 
-class ContextLengthExceeded(GenerationError):
-    status = 400
-    type = "invalid_request_error"
-    code = "context_length_exceeded"
-    param = "messages"
-
-
 class InvalidGenerationRequest(GenerationError):
     status = 400
     type = "invalid_request_error"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,6 +10,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.observability import request_id
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -49,12 +50,11 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-_REQUEST_ID = re.compile(r"[^A-Za-z0-9._:@/+=-]")
-
-
 def request_id_of(request: Request) -> str:
-    """The id Ray Serve's proxy gave this request (the client's x-request-id, or a new one)."""
-    return _REQUEST_ID.sub("", request.headers.get("x-request-id", ""))[:128] or "unknown"
+    """The id Ray Serve's proxy gave this request (the client's x-request-id where it is sane:
+    app.observability.request_id replaces any other before it gets here)."""
+    given = request.headers.get(request_id.HEADER, "")
+    return given if request_id.is_sane(given) else "unknown"
 
 
 # Names pydantic puts in an error location for the branch of a union, not for a field.

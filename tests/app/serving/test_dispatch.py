@@ -10,7 +10,7 @@ from ray.serve.handle import DeploymentResponseGenerator
 from app.openai.errors import ApiError
 from app.serving import dispatch
 from app.serving.dispatch import ModelEndpoint, ModelRouter, running_replicas, scales_to_zero
-from deployments.wire import ContextLengthExceeded, EngineUnavailable, ModelInfo, ReplyPart
+from deployments.wire import EngineUnavailable, InvalidGenerationRequest, ModelInfo, ReplyPart
 from tests.app.serve_fakes import FakeHandle, serve_response, serve_stream
 
 
@@ -18,8 +18,15 @@ def endpoint(name: str = "ServiceAi-Pro") -> ModelEndpoint:
     return ModelEndpoint(name, FakeHandle(name))
 
 
+def too_long() -> InvalidGenerationRequest:
+    """A prompt beyond the context, as the replica refuses it (replies.refusal)."""
+    error = InvalidGenerationRequest("too long")
+    error.code, error.param = "context_length_exceeded", "messages"
+    return error
+
+
 def test_generation_errors_keep_their_status_and_code():
-    error = endpoint().error(ContextLengthExceeded("too long"))
+    error = endpoint().error(too_long())
     assert (error.status, error.code, error.param, error.message) == (
         400,
         "context_length_exceeded",
@@ -296,7 +303,7 @@ async def test_a_replica_measures_a_prompt_or_refuses_it_as_generation_would():
     measured = ModelEndpoint("ServiceAi-Fast", MeasuringHandle(612))
     assert await measured.prompt_tokens("chat", {"messages": []}) == 612
     assert measured.handle.asked == [("chat", {"messages": []})]
-    refused = ModelEndpoint("ServiceAi-Fast", MeasuringHandle(ContextLengthExceeded("too long")))
+    refused = ModelEndpoint("ServiceAi-Fast", MeasuringHandle(too_long()))
     with pytest.raises(ApiError) as error:
         await refused.prompt_tokens("completion", {"prompt": "x"})
     assert (error.value.status, error.value.code) == (400, "context_length_exceeded")
