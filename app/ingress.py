@@ -23,7 +23,7 @@ from app.limits.usage_journal import UsageJournal, default_folder
 from app.limits.usage_meter import UsageMeter
 from app.observability.metrics import InFlight
 from app.periodic import PeriodicFlush
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from deployments import ray_internals
 from deployments.garbage_collection import collect_less_often
 
@@ -47,7 +47,7 @@ class Ingress:
                 m.name: await model_type_handle(m.name, config.model_type_app(m.name))
                 for m in config.model_types
             }
-        self._router = ModelRouter(
+        self._router = ModelEndpoints(
             models,
             created=int(time.time()),
             scale_to_zero=config.scale_to_zero_types(),

@@ -35,7 +35,7 @@ from app.limits.admission import RateLimits
 from app.limits.counters import MemoryCounters
 from app.limits.plans import Plans
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 
 DATABASE = "serviceai_bench_console"
 USERS = 10_000
@@ -157,7 +157,7 @@ async def console_client(store: KeyStore) -> httpx.AsyncClient:
     config = yaml.safe_load(open("serve_config.yaml"))
     plans = Plans.model_validate(config["applications"][0]["args"]["plans"])
     api = create_api(
-        ModelRouter({name: NoModel() for name in MODEL_TYPES}, created=0),
+        ModelEndpoints({name: NoModel() for name in MODEL_TYPES}, created=0),
         KeyVerifier(store),
         RateLimits(plans, MemoryCounters()),
         UsageMeter(store),

@@ -27,7 +27,7 @@ from app.limits.admission import RateLimits
 from app.limits.counters import MemoryCounters
 from app.limits.plans import Plans
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "serve_config.yaml"
 
@@ -44,7 +44,7 @@ async def main(trace: bool) -> None:
     user = await store.create_user("bench@hostile.test", plan="pro")
     key = (await store.create_key(user.id)).key
     api = create_api(
-        ModelRouter({}, created=0),
+        ModelEndpoints({}, created=0),
         KeyVerifier(store),
         RateLimits(plans(), MemoryCounters()),
         UsageMeter(store),

@@ -21,11 +21,11 @@ from app.limits.usage_meter import UsageMeter
 from app.observability.metrics import InFlight
 from app.observability.request_record import ObservedRequests
 from app.openai.errors import install_error_handlers, validation_error
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 
 
 def create_api(
-    models: ModelRouter,
+    models: ModelEndpoints,
     keys: KeyVerifier,
     limits: RateLimits,
     usage: UsageMeter,

@@ -215,8 +215,9 @@ def unavailable(name: str) -> ApiError:
     )
 
 
-class ModelRouter:
-    """Resolves the `model` of a request to its endpoint; refuses types with no running replica."""
+class ModelEndpoints:
+    """Every model type's endpoint by name: resolves the `model` of a request to its endpoint
+    (404 for an unknown one) and refuses types with no running replica."""
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from app.limits.admission import Admission, RateLimits, settled
 from app.observability.request_record import RequestRecord, record_of
 from app.openai.errors import ApiError
 from app.openai.sse import EventStream
-from app.serving.dispatch import ModelEndpoint, ModelRouter, PartStream
+from app.serving.dispatch import ModelEndpoint, ModelEndpoints, PartStream
 from deployments.wire import ModelInfo, ReplyPart
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -76,7 +76,7 @@ class ApiCall(Protocol):
 
 async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     """Serve one request of any API (see the module's docstring for the steps)."""
-    models: ModelRouter = request.app.state.models
+    models: ModelEndpoints = request.app.state.models
     limits: RateLimits = request.app.state.limits
     check_allowed(caller, models.get(call.model).name)
     endpoint = models.resolve(call.model)

@@ -16,7 +16,7 @@ from app.limits.admission import RateLimits
 from app.limits.counters import MemoryCounters
 from app.limits.plans import Plans
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from tests.conftest import app_args
 
 ADMIN_TOKEN = secrets.token_urlsafe(32)
@@ -35,7 +35,7 @@ def shipped_limits() -> RateLimits:
 async def api(store: KeyStore) -> AsyncIterator[httpx.AsyncClient]:
     """The ServiceAi API (no model types) with the admin API on."""
     app = create_api(
-        ModelRouter({}, created=0),
+        ModelEndpoints({}, created=0),
         KeyVerifier(store),
         shipped_limits(),
         UsageMeter(store),

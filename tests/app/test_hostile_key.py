@@ -22,7 +22,7 @@ from app.limits.plans import Plans
 from app.limits.usage_meter import UsageMeter
 from app.openai.errors import ApiError
 from app.openai.protocol import MAX_MESSAGES
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from tests.app.conftest import bearer
 from tests.app.http.asgi_exchange import Exchange, http_scope
 from tests.conftest import REDIS, app_args, error_of
@@ -56,7 +56,7 @@ async def app(store: KeyStore) -> AsyncIterator[App]:
     storage = open_counters(REDIS_URL, key_prefix=f"sai-test-{secrets.token_hex(4)}")
     limits = RateLimits(PLANS, storage)
     api = create_api(
-        ModelRouter({}, created=0),
+        ModelEndpoints({}, created=0),
         KeyVerifier(store),
         limits,
         UsageMeter(store),
@@ -90,7 +90,7 @@ async def test_a_stranger_gets_401_before_a_byte_of_the_body_is_read(app):
 async def test_a_stranger_is_refused_first_under_a_route_prefix_too(store):
     """Serve mounts an application at its route_prefix: the path then starts with it."""
     api = create_api(
-        ModelRouter({}, created=0),
+        ModelEndpoints({}, created=0),
         KeyVerifier(store),
         RateLimits(PLANS, MemoryCounters()),
         UsageMeter(store),
@@ -200,7 +200,7 @@ async def test_an_exhausted_pool_is_503_key_store_unavailable(database_url):
         await Database.open(database_url)  # the schema
         async with engine.connect():  # the pool's one connection, held
             api = create_api(
-                ModelRouter({}, created=0),
+                ModelEndpoints({}, created=0),
                 KeyVerifier(store),
                 RateLimits(PLANS, MemoryCounters()),
                 UsageMeter(store),
@@ -240,7 +240,7 @@ async def test_a_cursor_into_another_users_list_reads_as_unknown(app):
 
 async def test_docs_and_openapi_can_be_switched_off(store):
     api = create_api(
-        ModelRouter({}, created=0),
+        ModelEndpoints({}, created=0),
         KeyVerifier(store),
         RateLimits(PLANS, MemoryCounters()),
         UsageMeter(store),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 
 router = APIRouter()
 
@@ -19,7 +19,7 @@ async def health() -> dict[str, str]:
 @router.get("/ready", responses={503: {"description": "Some model type has no replica yet."}})
 async def ready(request: Request) -> JSONResponse:
     """Readiness: every model type can serve (503 until then, with each type's state)."""
-    models: ModelRouter = request.app.state.models
+    models: ModelEndpoints = request.app.state.models
     states = models.readiness()
     ok = all(state == "ready" for state in states.values())
     return JSONResponse(

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Depends, Request
 
 from app.accounts.auth import Caller, authenticate
 from app.openai.protocol import ErrorResponse, ModelCard, ModelList
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from app.serving.pipeline import check_allowed
 
 router = APIRouter()
@@ -15,7 +15,7 @@ router = APIRouter()
 
 @router.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorResponse}})
 async def list_models(request: Request, caller: Caller = Depends(authenticate)) -> ModelList:
-    models: ModelRouter = request.app.state.models
+    models: ModelEndpoints = request.app.state.models
     return ModelList(
         data=[await _card(models, name) for name in models.names if caller.may_call(name)]
     )
@@ -29,13 +29,13 @@ async def list_models(request: Request, caller: Caller = Depends(authenticate)) 
 async def retrieve_model(
     model_id: str, request: Request, caller: Caller = Depends(authenticate)
 ) -> ModelCard:
-    models: ModelRouter = request.app.state.models
+    models: ModelEndpoints = request.app.state.models
     name = models.get(model_id).name
     check_allowed(caller, name)
     return await _card(models, name)
 
 
-async def _card(models: ModelRouter, name: str) -> ModelCard:
+async def _card(models: ModelEndpoints, name: str) -> ModelCard:
     return ModelCard(
         id=name, created=models.created, max_model_len=await models.max_model_len(name)
     )

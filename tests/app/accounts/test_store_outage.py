@@ -14,7 +14,7 @@ from app.accounts.auth import KeyVerifier
 from app.accounts.keystore import Database, KeyStore
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from tests.app.conftest import bearer, shipped_limits
 from tests.conftest import PostgresDatabases, error_of
 from tests.tcp_proxy import TcpProxy
@@ -35,7 +35,10 @@ async def outage(
     key = (await store.create_key(user.id, "first")).key
     # No verdict cache: every request asks the store, as a cache miss would.
     app = create_api(
-        ModelRouter({}, created=0), KeyVerifier(store, ttl_s=0), shipped_limits(), UsageMeter(store)
+        ModelEndpoints({}, created=0),
+        KeyVerifier(store, ttl_s=0),
+        shipped_limits(),
+        UsageMeter(store),
     )
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(

@@ -16,7 +16,7 @@ from app.config.settings import Settings
 from app.console import mount_console
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from tests.app.conftest import shipped_limits
 from tests.app.serve_fakes import serve_response
 
@@ -83,7 +83,7 @@ async def new_browser(store: KeyStore) -> AsyncIterator[BrowserFactory]:
     clients: list[httpx.AsyncClient] = []
     verifier = KeyVerifier(store)
     # The pages only list the model types; no page calls a model.
-    models = ModelRouter({name: _NoModel() for name in MODEL_TYPES}, created=0)
+    models = ModelEndpoints({name: _NoModel() for name in MODEL_TYPES}, created=0)
 
     def make(**overrides: object) -> Browser:
         api = create_api(models, verifier, shipped_limits(), UsageMeter(store))

@@ -6,7 +6,7 @@ import pytest
 from app.accounts.auth import KeyVerifier
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from tests.app.conftest import ADMIN_TOKEN, bearer, shipped_limits
 from tests.conftest import error_of
 
@@ -25,7 +25,7 @@ async def create_key(admin, user: str, name: str | None = None) -> dict:
 
 async def test_without_an_admin_token_the_admin_api_does_not_exist(store):
     app = create_api(
-        ModelRouter({}, created=0), KeyVerifier(store), shipped_limits(), UsageMeter(store)
+        ModelEndpoints({}, created=0), KeyVerifier(store), shipped_limits(), UsageMeter(store)
     )
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://t"

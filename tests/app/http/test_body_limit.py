@@ -15,7 +15,7 @@ from app.config.settings import Settings
 from app.http.app import create_api
 from app.http.body_limit import DEFAULT_MAX_BODY_BYTES, DRAIN_FACTOR, BodyLimit
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from tests.app.conftest import bearer, shipped_limits
 from tests.app.http.asgi_exchange import Exchange, http_scope
 from tests.conftest import error_of
@@ -28,7 +28,7 @@ PIECE = b" " * 4096
 async def limited(store) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
     """The API with a 64 KiB body limit, and a valid key of its store."""
     app = create_api(
-        ModelRouter({}, created=0),
+        ModelEndpoints({}, created=0),
         KeyVerifier(store),
         shipped_limits(),
         UsageMeter(store),

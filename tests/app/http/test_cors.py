@@ -9,7 +9,7 @@ from app.accounts.auth import KeyVerifier
 from app.config.settings import Settings
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from tests.app.conftest import bearer, shipped_limits
 
 PAGE = "http://localhost:3000"
@@ -22,7 +22,7 @@ PREFLIGHT = {
 
 def client_of(store, origins: list[str]) -> httpx.AsyncClient:
     app = create_api(
-        ModelRouter({}, created=0),
+        ModelEndpoints({}, created=0),
         KeyVerifier(store),
         shipped_limits(),
         UsageMeter(store),

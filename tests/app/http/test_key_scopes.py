@@ -16,7 +16,7 @@ from app.accounts.auth import KeyVerifier
 from app.accounts.keystore import KeyStore
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from tests.app.conftest import ADMIN_TOKEN, bearer, shipped_limits
 from tests.app.serve_fakes import FakeHandle
 from tests.conftest import error_of
@@ -40,7 +40,7 @@ SCOPES = {
 async def api(store: KeyStore) -> AsyncIterator[httpx.AsyncClient]:
     """The API with the three types (no replica serves them: nothing here reaches one)."""
     app = create_api(
-        ModelRouter({name: FakeHandle(name) for name in TYPES}, created=0),
+        ModelEndpoints({name: FakeHandle(name) for name in TYPES}, created=0),
         KeyVerifier(store, ttl_s=3600),
         shipped_limits(),
         UsageMeter(store),

@@ -14,7 +14,7 @@ from app.accounts.keystore.responses import ResponseStore
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
 from app.openai.responses import ResponseCreateRequest
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from tests.app.conftest import bearer, shipped_limits
 from tests.app.serve_fakes import FakeHandle
 from tests.conftest import error_of
@@ -26,7 +26,7 @@ FAST = "ServiceAi-Fast"
 async def api_with_fast(store: KeyStore, key: str):
     """The API with a Fast type that no replica serves: a refused field never reaches it."""
     app = create_api(
-        ModelRouter({FAST: FakeHandle(FAST)}, created=0),
+        ModelEndpoints({FAST: FakeHandle(FAST)}, created=0),
         KeyVerifier(store),
         shipped_limits(),
         UsageMeter(store),

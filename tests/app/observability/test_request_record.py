@@ -17,7 +17,7 @@ from app.limits.usage_meter import UsageMeter
 from app.observability import access_log
 from app.observability.metrics import InFlight
 from app.observability.request_record import CLIENT_CLOSED, RequestRecord
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from tests.app.conftest import bearer, shipped_limits
 
 ACCESS_FIELDS = {
@@ -38,7 +38,7 @@ ACCESS_FIELDS = {
 @pytest.fixture
 def app(store: KeyStore) -> FastAPI:
     app = create_api(
-        ModelRouter({}, created=0), KeyVerifier(store), shipped_limits(), UsageMeter(store)
+        ModelEndpoints({}, created=0), KeyVerifier(store), shipped_limits(), UsageMeter(store)
     )
 
     @app.get("/v1/boom")

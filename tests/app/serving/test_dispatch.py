@@ -9,7 +9,7 @@ from ray.serve.handle import DeploymentResponseGenerator
 
 from app.openai.errors import ApiError
 from app.serving import dispatch
-from app.serving.dispatch import ModelEndpoint, ModelRouter, running_replicas, scales_to_zero
+from app.serving.dispatch import ModelEndpoint, ModelEndpoints, running_replicas, scales_to_zero
 from deployments.wire import EngineUnavailable, InvalidGenerationRequest, ModelInfo, ReplyPart
 from tests.app.serve_fakes import FakeHandle, serve_response, serve_stream
 
@@ -62,7 +62,7 @@ def test_router_404_lists_models_and_503_without_replicas(monkeypatch):
     monkeypatch.setattr(
         "app.serving.dispatch.running_replicas", lambda h: counts[h.deployment_name]
     )
-    router = ModelRouter(
+    router = ModelEndpoints(
         {n: FakeHandle(n) for n in ("A", "B", "Z")}, created=1, scale_to_zero=frozenset({"Z"})
     )
     with pytest.raises(ApiError) as info:
@@ -87,7 +87,7 @@ def test_readiness_tells_a_first_replica_pending_from_replicas_lost(monkeypatch)
     monkeypatch.setattr(
         "app.serving.dispatch.running_replicas", lambda h: counts[h.deployment_name]
     )
-    router = ModelRouter(
+    router = ModelEndpoints(
         {n: FakeHandle(n) for n in counts}, created=1, scale_to_zero=frozenset({"Z"})
     )
     # Deployed before any node can host it: no replica has run yet.
@@ -136,7 +136,7 @@ async def test_calls_waiting_for_a_replica_of_a_type_with_none_left_are_refused_
         "app.serving.dispatch.running_replicas", lambda h: counts[h.deployment_name]
     )
     handles = {n: WaitingHandle(n) for n in counts}
-    router = ModelRouter(handles, created=1, scale_to_zero=frozenset({"Z"}))
+    router = ModelEndpoints(handles, created=1, scale_to_zero=frozenset({"Z"}))
     waiting = [
         asyncio.create_task(router.get("A").reply("chat", {})),
         asyncio.create_task(router.get("A").open_stream("chat", {})),
@@ -163,7 +163,7 @@ async def test_calls_waiting_for_a_replica_of_a_type_with_none_left_are_refused_
 async def test_a_caller_that_leaves_cancels_its_call_and_is_no_503(monkeypatch):
     monkeypatch.setattr("app.serving.dispatch.running_replicas", lambda h: 0)
     handle = WaitingHandle("A")
-    router = ModelRouter({"A": handle}, created=1)
+    router = ModelEndpoints({"A": handle}, created=1)
     task = asyncio.create_task(router.get("A").reply("chat", {}))
     await asyncio.sleep(0.01)
     task.cancel()
@@ -218,7 +218,7 @@ def test_types_of_another_application_scale_to_zero_as_serve_says(monkeypatch):
     to_zero = DeploymentConfig(autoscaling_config={"min_replicas": 0, "max_replicas": 1})
     handles = {"Coder": FakeHandle("Coder"), "Fast": FakeHandle("Fast")}
     # No config of these types here (the ingress names them only): scale_to_zero is None.
-    router = ModelRouter(handles, created=1, scale_to_zero=None)
+    router = ModelEndpoints(handles, created=1, scale_to_zero=None)
     # Not heard yet: neither refused nor reported as missing.
     assert router.readiness() == {"Coder": "unknown", "Fast": "unknown"}
     assert router.resolve("Fast").name == "Fast"
@@ -234,7 +234,7 @@ def test_types_of_another_application_scale_to_zero_as_serve_says(monkeypatch):
 def test_serve_overrules_the_configs_own_scale_to_zero(monkeypatch):
     monkeypatch.setattr("app.serving.dispatch.running_replicas", lambda h: 0)
     handle = FakeHandle("Z")
-    router = ModelRouter({"Z": handle}, created=1, scale_to_zero=frozenset({"Z"}))
+    router = ModelEndpoints({"Z": handle}, created=1, scale_to_zero=frozenset({"Z"}))
     assert router.resolve("Z").name == "Z"  # not heard yet: the config's word
     heard(handle, DeploymentConfig(num_replicas=1))  # redeployed with a replica always
     with pytest.raises(ApiError) as info:

@@ -20,7 +20,7 @@ from app.accounts.keystore import KeyStore
 from app.accounts.keystore.responses import ResponseStore
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelRouter
+from app.serving.dispatch import ModelEndpoints
 from deployments.wire import ModelInfo, ReplyPart
 from tests.app.conftest import bearer, shipped_limits
 from tests.app.serve_fakes import assigned, serve_response
@@ -126,7 +126,7 @@ async def setup(store: KeyStore):
     key = (await store.create_key(user.id)).key
     responses = ResponseStore(store.database)
     app = create_api(
-        ModelRouter({FAST: replica}, created=0),
+        ModelEndpoints({FAST: replica}, created=0),
         KeyVerifier(store),
         shipped_limits(),
         UsageMeter(store),
@@ -203,7 +203,7 @@ async def test_a_conversation_over_the_cap_is_refused_before_dispatch(store: Key
     user = await store.create_user("bob@example.com")
     key = (await store.create_key(user.id)).key
     app = create_api(
-        ModelRouter({FAST: replica}, created=0),
+        ModelEndpoints({FAST: replica}, created=0),
         KeyVerifier(store),
         shipped_limits(),
         UsageMeter(store),
