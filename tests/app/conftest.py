@@ -13,10 +13,11 @@ from app.accounts.auth import KeyVerifier
 from app.accounts.keystore import KeyStore
 from app.http.app import create_api
 from app.limits.admission import RateLimits
-from app.limits.counters import MemoryCounters
+from app.limits.counters import MemoryCounters, open_counters
 from app.limits.plans import Plans
 from app.limits.usage_meter import UsageMeter
 from app.serving.dispatch import ModelEndpoints
+from tests.app.shipped_plans import PLANS, REDIS_URL
 from tests.conftest import app_args
 
 ADMIN_TOKEN = secrets.token_urlsafe(32)
@@ -50,3 +51,16 @@ async def api(store: KeyStore) -> AsyncIterator[httpx.AsyncClient]:
 def admin(api: httpx.AsyncClient) -> httpx.AsyncClient:
     api.headers.update(bearer(ADMIN_TOKEN))
     return api
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def limits(request) -> AsyncIterator[RateLimits]:
+    """The shipped plans on each storage; the Redis keys of a test get their own prefix."""
+    if request.param == "memory":
+        yield RateLimits(PLANS, MemoryCounters())
+        return
+    storage = open_counters(REDIS_URL, key_prefix=f"sai-test-{secrets.token_hex(4)}")
+    limits = RateLimits(PLANS, storage)
+    yield limits
+    await limits.close()
+    await storage.clear()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,29 +15,8 @@ from app.limits.admission import UNLIMITED, RateLimits, duration
 from app.limits.counters import MemoryCounters, open_counters
 from app.limits.plans import Plans
 from app.openai.errors import ApiError
-from tests.conftest import REDIS, app_args, free_port
-
-REDIS_URL = REDIS
-PLANS = Plans.model_validate(app_args()["plans"])
-PRO = "ServiceAi-Pro"
-FAST = "ServiceAi-Fast"
-
-
-def caller(plan: str = "free") -> Caller:
-    return Caller(key_id="key_x", user_id=f"user_{secrets.token_hex(6)}", plan=plan)
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def limits(request) -> AsyncIterator[RateLimits]:
-    """The shipped plans on each storage; the Redis keys of a test get their own prefix."""
-    if request.param == "memory":
-        yield RateLimits(PLANS, MemoryCounters())
-        return
-    storage = open_counters(REDIS_URL, key_prefix=f"sai-test-{secrets.token_hex(4)}")
-    limits = RateLimits(PLANS, storage)
-    yield limits
-    await limits.close()
-    await storage.clear()
+from tests.app.shipped_plans import FAST, PLANS, PRO, caller
+from tests.conftest import REDIS, free_port
 
 
 def refused(exc: pytest.ExceptionInfo[ApiError], type: str, code: str) -> ApiError:
@@ -172,7 +150,7 @@ async def test_two_replicas_on_one_redis_share_the_limit_exactly():
     # Failing closed, so that a slow Redis on a busy machine shows up instead of counting as
     # served.
     replicas = [
-        RateLimits(ten_a_minute, open_counters(REDIS_URL, key_prefix=prefix), fail_open=False)
+        RateLimits(ten_a_minute, open_counters(REDIS, key_prefix=prefix), fail_open=False)
         for _ in range(2)
     ]
     who = caller()

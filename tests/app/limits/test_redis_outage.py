@@ -12,7 +12,7 @@ import pytest
 from app.limits.admission import UNLIMITED, RateLimits
 from app.limits.counters import open_counters
 from app.openai.errors import ApiError
-from tests.app.limits.test_admission import PLANS, PRO, caller
+from tests.app.shipped_plans import PLANS, PRO, caller
 from tests.conftest import REDIS
 from tests.tcp_proxy import TcpProxy
 

@@ -22,7 +22,7 @@ from app.serving.pipeline import (
 )
 from app.serving.responses_call import ResponsesCall
 from deployments.wire import ModelInfo, ReplyPart
-from tests.app.limits.test_admission import FAST, PRO, caller, limits  # noqa: F401 (fixture)
+from tests.app.shipped_plans import FAST, PRO, caller
 
 HI = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
