@@ -75,9 +75,11 @@ class ModelEndpoint:
         self._track(response)
         try:
             first = await response.__anext__()
-        except StopAsyncIteration:
-            raise self.error(EOFError("stream ended before its first part")) from None
         except BaseException as exc:
+            if feeds.enabled():
+                feeds.forget(key)
+            if isinstance(exc, StopAsyncIteration):
+                raise self.error(EOFError("stream ended before its first part")) from None
             raise self._failure(response, exc) from None
         if feeds.enabled():
             return first, feeds.opened(key, response, first)

@@ -132,7 +132,19 @@ class Feeds:
         return self._min_streams > 0
 
     def next_key(self) -> int:
-        return next(self._keys)
+        """A key for a stream about to be sent, with its inbox: the replica puts the parts
+        after the first on the feed as soon as it has sent the first on the stream's own call,
+        and the feed's message can arrive here before the call's (they travel apart): those
+        parts wait in the inbox until the stream reads it. It was looked up when they arrived,
+        and a stream whose first part was slower lost them (a reply with its opening `{`
+        missing)."""
+        key = next(self._keys)
+        self._inboxes[key] = Inbox()
+        return key
+
+    def forget(self, key: int) -> None:
+        """A stream that failed before its first part: its inbox goes."""
+        self._inboxes.pop(key, None)
 
     def opened(self, key: int, call: DeploymentResponseGenerator, first: ReplyPart) -> StreamParts:
         """A stream whose first part arrived: its other parts, and a feed to its replica once
@@ -149,7 +161,7 @@ class Feeds:
         return StreamParts(self, key, call, first)
 
     def inbox(self, key: int, replica: str | None) -> Inbox:
-        inbox = self._inboxes[key] = Inbox()
+        inbox = self._inboxes.setdefault(key, Inbox())
         if replica is None or replica not in self._open:
             # The replica has a feed of ours that this ingress no longer reads (it ended
             # here first): the stream cannot be delivered.

@@ -153,3 +153,25 @@ async def test_a_stream_on_its_own_call_reads_that_call():
     own.items.put_nowait(token(1, last=True))
     assert (await anext(parts)).last
     assert "r1" not in feeds._streams_on
+
+
+async def test_parts_that_come_on_the_feed_before_the_streams_first_part_wait_for_it():
+    """The feed's message and the stream's own first part travel apart: the feed's may come
+    first. Its parts wait in the stream's inbox (they were dropped: a reply lost its `{`)."""
+    handle = Handle()
+    feeds = Feeds(handle, min_streams=2)
+    feed = await open_feed(feeds, handle)
+    key = feeds.next_key()
+    feed.items.put_nowait([FeedItem(key, token(2)), FeedItem(key, token(3, last=True))])
+    await settle()  # the feed's batch is read before the stream's first part is
+    parts = feeds.opened(key, Call(), first(via_feed=True))
+    read = [await asyncio.wait_for(anext(parts), 5) for _ in range(2)]
+    assert read == [token(2), token(3, last=True)]
+    assert key not in feeds._inboxes  # released with its last part
+
+
+async def test_a_stream_that_fails_before_its_first_part_leaves_no_inbox():
+    feeds = Feeds(Handle(), min_streams=2)
+    key = feeds.next_key()
+    feeds.forget(key)
+    assert key not in feeds._inboxes
