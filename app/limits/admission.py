@@ -17,11 +17,9 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import Enum
-from typing import Any
 
 from limits import RateLimitItemPerDay, RateLimitItemPerMinute
 
@@ -29,9 +27,14 @@ from app.accounts.auth import Caller
 from app.accounts.keystore.schemas import KeyLimits
 from app.limits.counters import Ask, Budget, CounterKeys, Counters
 from app.limits.plans import ModelTypeLimits, Plan, Plans
+from app.limits.refusals import Scope, refusal, tighter, too_large, windows_headers
 from app.limits.slots import LeaseKeeper
+from app.limits.ticket import Ticket
+from app.limits.usage_meter import UsageMeter
+from app.limits.writes import CounterWrites
 from app.observability.metrics import rate_limited
 from app.openai.errors import ApiError
+from deployments.wire import ModelInfo
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -40,42 +43,10 @@ MonthlyUsage = Callable[[str, str], Awaitable[int]]
 UNBOUNDED = 2**62
 """The limit of a key's window that only its other limits bound."""
 MONTH_EXPIRY_S = 32 * 86400
-RATE_LIMITED = "rate_limit_exceeded"
-QUOTA_SPENT = "insufficient_quota"
 STORAGE_RETRY_AFTER_S = 2
 FAILURE_LOG_EVERY_S = 30.0
 # The longest a refusal waits for its count to be written (a storage that does not answer).
 REFUSED_WRITE_WAIT_S = 1.0
-# The longest a reply's last bytes wait for its slot to be freed (the same).
-SETTLE_WAIT_S = 1.0
-
-
-def duration(seconds: float) -> str:
-    """OpenAI's reset format: '0s', '20s', '6m0s', '1h2m3s' (whole seconds, rounded up)."""
-    total = max(0, math.ceil(seconds))
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    if minutes:
-        return f"{minutes}m{secs}s"
-    return f"{secs}s"
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """One counter as admission saw it: its limit, what is left and when it starts over."""
-
-    limit: int
-    used: int
-    resets_at: float
-
-    @property
-    def remaining(self) -> int:
-        return max(0, self.limit - self.used)
-
-    def resets_in(self, now: float) -> float:
-        return max(0.0, self.resets_at - now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,18 +93,12 @@ class Admission:
     def settle(self, prompt_tokens: int, completion_tokens: int) -> asyncio.Future[None]:
         """Replace the reservation by the tokens the engine reported and free the concurrency
         slot (once), off the response path; done when that is written, which the response
-        awaits (`settled`) before its last bytes, so that a client that waits for a reply
-        before sending the next never meets its own slot still taken."""
+        awaits (`app.limits.ticket.settled`) before its last bytes, so that a client that
+        waits for a reply before sending the next never meets its own slot still taken."""
         if self._settled or self._limits is None:
             return done()
         self._settled = True
         return self._limits.release(self._holds, prompt_tokens + completion_tokens)
-
-
-async def settled(written: asyncio.Future[None]) -> None:
-    """Wait until a settlement is written, at most SETTLE_WAIT_S (a storage that does not
-    answer delays no reply longer)."""
-    await asyncio.wait([written], timeout=SETTLE_WAIT_S)
 
 
 def done() -> asyncio.Future[None]:
@@ -166,11 +131,7 @@ class RateLimits:
         self.fail_open = fail_open
         self._monthly_usage = monthly_usage
         self._seeded: set[str] = set()
-        self._background: set[asyncio.Task[None]] = set()
-        # Refused bodies not yet written, by request window: a burst is one INCRBY per window.
-        self._refused: dict[str, tuple[CounterKeys, int]] = {}
-        self._refused_round: asyncio.Future[None] | None = None  # done when those are written
-        self._writing_refused = False
+        self.writes = CounterWrites(counters)
         self._last_failure_log = -math.inf
 
     def plan_limits(self, plan: str) -> Plan:
@@ -239,7 +200,25 @@ class RateLimits:
         ):
             if limit is not None and max_tokens > limit:
                 rate_limited(label + name, caller.plan, model_type)
-                raise _too_large(model_type, whose, name, limit, max_tokens, param)
+                raise too_large(model_type, whose, name, limit, max_tokens, param)
+
+    async def open(
+        self,
+        caller: Caller,
+        model_type: str,
+        reply_tokens: int | None,
+        *,
+        choices: int,
+        model: ModelInfo,
+        usage: UsageMeter | None,
+    ) -> Ticket:
+        """Admit a request (`admit`) and hand it its ticket: what it sets in the engine's
+        payload and its one charge, to these counters and to `usage`."""
+        admission = await self.admit(
+            caller, model_type, reply_tokens, choices=choices, longest=model.max_model_len
+        )
+        priority = self.plan_limits(caller.plan).priority
+        return Ticket(admission, usage, caller.key_id, model_type, priority)
 
     async def admit(
         self,
@@ -307,31 +286,12 @@ class RateLimits:
         lease = uuid.uuid4().hex
         seen = await self.counters.admit(keys, lease, ask)
         now = time.time()
-        request_window = Window(keys.requests.amount, seen.requests, seen.requests_reset)
-        token_window = Window(keys.tokens.amount, seen.tokens, seen.tokens_reset)
-        daily_window = Window(keys.daily.amount, seen.daily_tokens, _next_midnight(now))
         if not seen.reserved:
-            budgets = [
-                Window(b.limit, used, _next_month(now))
-                for b, used in zip(keys.budgets, seen.budgets_used)
-            ]
-            limit, error = _refusal(
-                model_type,
-                scope,
-                request_window,
-                token_window,
-                daily_window,
-                budgets,
-                seen.in_flight,
-                ask,
-                now,
-            )
+            limit, error = refusal(model_type, scope, keys, seen, ask, now)
             rate_limited(limit, caller.plan, model_type)
-            error.headers.update(rate_limit_headers(request_window, token_window, now))
             raise error
-        held = Window(token_window.limit, token_window.used + seen.reserved, seen.tokens_reset)
         hold = Hold(keys, lease, seen.reserved, seen.tokens_reset)
-        return hold, rate_limit_headers(request_window, held, now)
+        return hold, windows_headers(keys, seen, now)
 
     def release(self, holds: list[Hold], tokens: int) -> asyncio.Future[None]:
         """Settle each hold with the tokens the reply used (off the response path); done when
@@ -341,7 +301,7 @@ class RateLimits:
         for hold in holds:
             self.leases.drop(hold.lease)
             writes.append(
-                self.in_background(
+                self.writes.start(
                     self.counters.settle(
                         hold.keys, hold.lease, hold.reserved, tokens, now < hold.window_ends
                     )
@@ -388,43 +348,12 @@ class RateLimits:
         model type it named, or on every type of its plan when it named none of them. Done
         when the write that takes it along has ended."""
         plan = self.plans.get(caller.plan)
-        loop = asyncio.get_running_loop()
         if plan is None:
-            nothing = loop.create_future()
-            nothing.set_result(None)
-            return nothing
+            return done()
         types = [model] if isinstance(model, str) and model in plan.root else list(plan.root)
-        for model_type in types:
-            keys = self._keys(caller, model_type, plan.on(model_type))
-            window = keys.requests_key()
-            self._refused[window] = (keys, self._refused.get(window, (keys, 0))[1] + 1)
-        if self._refused_round is None:
-            self._refused_round = loop.create_future()
-        counted = self._refused_round
-        if not self._writing_refused:
-            self._writing_refused = True
-            self.in_background(self._write_refused())
-        return counted
-
-    async def _write_refused(self) -> None:
-        """Write the refused bodies counted so far, and those counted while writing, until none
-        are left (one write per window per round trip, however many bodies came meanwhile)."""
-        try:
-            while self._refused:
-                counted, self._refused = self._refused, {}
-                written, self._refused_round = self._refused_round, None
-                try:
-                    await asyncio.gather(
-                        *(
-                            self._logged(self.counters.count_request(keys, n))
-                            for keys, n in counted.values()
-                        )
-                    )
-                finally:
-                    if written is not None and not written.done():
-                        written.set_result(None)
-        finally:
-            self._writing_refused = False
+        return self.writes.count_refused(
+            [self._keys(caller, model_type, plan.on(model_type)) for model_type in types]
+        )
 
     def _storage_failed(self, exc: Exception) -> Admission:
         now = time.monotonic()
@@ -443,23 +372,9 @@ class RateLimits:
             headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)},
         )
 
-    def in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run storage writes off the response path; keep a reference until they finish."""
-        task = asyncio.get_running_loop().create_task(self._logged(work))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
-
-    async def _logged(self, work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except Exception as exc:
-            logger.warning("Rate-limit storage write failed: %s", type(exc).__name__)
-
     async def written(self) -> None:
         """Wait for the writes still running (charges of the last replies, refused bodies)."""
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self.writes.written()
 
     async def close(self) -> None:
         """Stop renewing leases; wait for the writes still running."""
@@ -467,170 +382,6 @@ class RateLimits:
         await self.written()
 
 
-def rate_limit_headers(requests: Window, tokens: Window, now: float) -> dict[str, str]:
-    return {
-        "x-ratelimit-limit-requests": str(requests.limit),
-        "x-ratelimit-remaining-requests": str(requests.remaining),
-        "x-ratelimit-reset-requests": duration(requests.resets_in(now)),
-        "x-ratelimit-limit-tokens": str(tokens.limit),
-        "x-ratelimit-remaining-tokens": str(tokens.remaining),
-        "x-ratelimit-reset-tokens": duration(tokens.resets_in(now)),
-    }
-
-
-def _next_midnight(now: float) -> float:
-    today = datetime.fromtimestamp(now, UTC).date()
-    return datetime(today.year, today.month, today.day, tzinfo=UTC).timestamp() + 86400
-
-
-def _retry_after(seconds: float) -> str:
-    return str(max(1, math.ceil(seconds)))
-
-
-def _too_many(kind: str, message: str, retry_in: float) -> ApiError:
-    return ApiError(
-        429,
-        f"{message} Retry in {_retry_after(retry_in)} s.",
-        type=kind,
-        code=RATE_LIMITED,
-        headers={"Retry-After": _retry_after(retry_in)},
-    )
-
-
-def _too_large(
-    model_type: str, whose: str, name: str, limit: int, max_tokens: int, param: str
-) -> ApiError:
-    """The 429 of a reply larger than a whole limit: no wait cures it; a monthly budget's is
-    the 429 of a spent budget, as admission's."""
-    asked = f"the reply may take {max_tokens} tokens ({param}, all choices)"
-    if name == "monthly_tokens":
-        return ApiError(
-            429,
-            f"{whose[0].upper()}{whose[1:]} monthly token budget ({limit} tokens) is smaller "
-            f"than this request: {asked}. Lower {param}; an operator can raise the budget.",
-            type="insufficient_quota",
-            param=param,
-            code=QUOTA_SPENT,
-            headers={"x-should-retry": "false"},
-        )
-    return ApiError(
-        429,
-        f"Request too large for {model_type}: {asked}, more than {whose} whole "
-        f"{name.replace('_', ' ')} ({limit}). Lower {param}.",
-        type="tokens",
-        param=param,
-        code=RATE_LIMITED,
-        headers={"x-should-retry": "false"},
-    )
-
-
-class Scope(Enum):
-    """Whose windows refused a request: the user's plan, or the key's own limits."""
-
-    PLAN = ("", "your plan's ", "your daily token quota", "Upgrade your plan for a larger quota.")
-    KEY = (
-        "key_",
-        "this API key's ",
-        "this API key's daily token limit",
-        "The key's owner or an operator can raise it.",
-    )
-
-    def __init__(self, label: str, whose: str, daily: str, remedy: str) -> None:
-        self.label = label
-        self.whose = whose
-        self.daily = daily
-        self.remedy = remedy
-
-
-def _refusal(
-    model_type: str,
-    scope: Scope,
-    requests: Window,
-    tokens: Window,
-    daily: Window,
-    budgets: list[Window],
-    in_flight: int,
-    ask: Ask,
-    now: float,
-) -> tuple[str, ApiError]:
-    """The limit a request that `counters.reservation` refused hit, and its 429: budgets and
-    quota first (no retry helps), then the rates. The limit's name is the `limit` label of
-    serviceai_rate_limited. The windows count the reservations of running requests."""
-    max_tokens = ask.reply_tokens
-    asked = f" The reply may take {ask.needs} (max_tokens)."
-    for budget in budgets:
-        if budget.remaining <= 0 or ask.needs > budget.remaining:
-            owner = "this API key's" if scope is Scope.KEY else "your account's"
-            return f"{scope.label}monthly_tokens", ApiError(
-                429,
-                f"{owner[0].upper()}{owner[1:]} monthly token budget is spent: "
-                f"{budget.remaining} of {budget.limit} tokens left this month (UTC)."
-                f"{asked if budget.remaining > 0 else ''} It starts over on the 1st at 00:00 "
-                "UTC; an operator can raise it.",
-                type="insufficient_quota",
-                code=QUOTA_SPENT,
-                headers={"x-should-retry": "false"},
-            )
-    if daily.remaining <= 0 or ask.needs > daily.remaining:
-        return f"{scope.label}tokens_per_day", ApiError(
-            429,
-            f"You exceeded {scope.daily} for {model_type}: {daily.remaining} of "
-            f"{daily.limit} tokens left today (UTC).{asked if daily.remaining > 0 else ''} "
-            f"The quota resets at 00:00 UTC. {scope.remedy}",
-            type="insufficient_quota",
-            code=QUOTA_SPENT,
-            headers={"x-should-retry": "false"},
-        )
-    if requests.used > requests.limit:
-        return f"{scope.label}requests_per_minute", _too_many(
-            "requests",
-            f"Rate limit reached for {model_type} on {scope.whose}requests per minute: limit "
-            f"{requests.limit}.",
-            requests.resets_in(now),
-        )
-    if in_flight > ask.concurrent_requests:
-        return f"{scope.label}concurrent_requests", _too_many(
-            "requests",
-            f"Rate limit reached for {model_type} on {scope.whose}concurrent requests: limit "
-            f"{ask.concurrent_requests} at once. Wait for one to finish.",
-            1,
-        )
-    if tokens.remaining <= 0 or max_tokens is None:
-        return f"{scope.label}tokens_per_minute", _too_many(
-            "tokens",
-            f"Rate limit reached for {model_type} on {scope.whose}tokens per minute: limit "
-            f"{tokens.limit}, used or held by running requests {tokens.used}.",
-            tokens.resets_in(now),
-        )
-    return f"{scope.label}tokens_per_minute", _too_many(
-        "tokens",
-        f"Rate limit reached for {model_type} on {scope.whose}tokens per minute: the reply "
-        f"may take {max_tokens} tokens (max_tokens), more than the {tokens.remaining} of "
-        f"{tokens.limit} left this minute (running requests hold what their replies may "
-        "take); lower max_tokens, or wait.",
-        tokens.resets_in(now),
-    )
-
-
-def tighter(first: dict[str, str], second: dict[str, str]) -> dict[str, str]:
-    """The rate-limit headers of whichever set of windows has less left, requests and tokens
-    each."""
-    chosen = dict(first)
-    for kind in ("requests", "tokens"):
-        remaining = f"x-ratelimit-remaining-{kind}"
-        if int(second[remaining]) < int(first[remaining]):
-            for part in ("limit", "remaining", "reset"):
-                name = f"x-ratelimit-{part}-{kind}"
-                chosen[name] = second[name]
-    return chosen
-
-
 def _monthly(kind: str, owner: str, limit: int) -> Budget:
     month = datetime.now(UTC).strftime("%Y-%m")
     return Budget(f"budget/{kind}/{owner}/{month}", limit, MONTH_EXPIRY_S)
-
-
-def _next_month(now: float) -> float:
-    today = datetime.fromtimestamp(now, UTC).date()
-    year, month = (today.year + 1, 1) if today.month == 12 else (today.year, today.month + 1)
-    return datetime(year, month, 1, tzinfo=UTC).timestamp()

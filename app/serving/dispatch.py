@@ -21,6 +21,7 @@ from ray.serve.exceptions import (
 )
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from app.limits.ticket import Meter
 from app.openai.errors import ApiError
 from app.serving.stream_feeds import INGRESS_ID, FeedLost, Feeds, StreamParts
 from deployments.ray_internals import (
@@ -62,10 +63,11 @@ class ModelEndpoint:
         self._waiting: set[DeploymentResponseBase] = set()
         self._refused: weakref.WeakSet[DeploymentResponseBase] = weakref.WeakSet()
 
-    async def open_stream(self, api: str, body: dict) -> tuple[ReplyPart, PartStream]:
+    async def open_stream(self, api: str, body: dict, meter: Meter) -> tuple[ReplyPart, PartStream]:
         """Start a stream of `api` and wait for its first part, so that a refusal is still an
-        HTTP status. The rest of the stream comes on its own call, or on this ingress's feed
-        from the replica (app.serving.stream_feeds)."""
+        HTTP status; its counts (or those its failure declares) go to `meter`. The rest of the
+        stream comes on its own call, or on this ingress's feed from the replica
+        (app.serving.stream_feeds)."""
         feeds = self._feeds
         if feeds.enabled():
             key = feeds.next_key()
@@ -76,38 +78,37 @@ class ModelEndpoint:
         try:
             first = await response.__anext__()
         except BaseException as exc:
+            count_failure(exc, meter)
             if feeds.enabled():
                 feeds.forget(key)
             if isinstance(exc, StopAsyncIteration):
                 raise self.error(EOFError("stream ended before its first part")) from None
             raise self._failure(response, exc) from None
+        meter.count(first)
         if feeds.enabled():
             return first, feeds.opened(key, response, first)
         return first, response
 
-    async def reply(self, api: str, body: dict) -> ReplyPart:
+    async def reply(self, api: str, body: dict, meter: Meter) -> ReplyPart:
         """The whole reply of a request of `api` without `stream`: its JSON body (joined from
         the parts that carry it) and the engine's token counts.
 
-        Until the body comes, the replica sends the counts so far every second or so; if the
-        call fails or this task is cancelled (the client left) first, what is raised carries
-        the last of them as `engine_usage`, the charge (unless the error carries its own).
+        Until the body comes, the replica sends the counts so far every second or so; each goes
+        to `meter`, as do those a failure declares, so a call that fails or is cancelled (the
+        client left) is charged what the engine processed.
         """
         response = self._track(self._streaming.reply.remote(api, body))
         pieces: list[bytes] = []
-        counted = (0, 0)
         try:
             async for part in response:
+                meter.count(part)
                 pieces.append(part.data)  # a large body comes in several parts
                 if part.last:
                     return part._replace(data=b"".join(pieces))
-                counted = (part.prompt_tokens, part.completion_tokens)
             raise EOFError("the reply ended without its body")
         except BaseException as exc:
-            failure = self._failure(response, exc)
-            if getattr(failure, "engine_usage", (0, 0)) == (0, 0):
-                failure.engine_usage = counted
-            raise failure from None
+            count_failure(exc, meter)
+            raise self._failure(response, exc) from None
 
     async def info(self) -> ModelInfo:
         """What the model type's replicas serve (context length, tool parser), asked again
@@ -173,7 +174,7 @@ class ModelEndpoint:
             headers = (
                 {"Retry-After": str(RETRY_AFTER_UNAVAILABLE_S)} if cause.status == 503 else None
             )
-            error = ApiError(
+            return ApiError(
                 cause.status,
                 cause.message,
                 type=cause.type,
@@ -181,9 +182,6 @@ class ModelEndpoint:
                 code=cause.code,
                 headers=headers,
             )
-            # What the engine processed before it failed, for the charge.
-            error.engine_usage = (cause.prompt_tokens, cause.completion_tokens)
-            return error
         if isinstance(cause, BackPressureError):
             return ApiError(
                 503,
@@ -205,6 +203,13 @@ class ModelEndpoint:
             type="server_error",
             code="internal_error",
         )
+
+
+def count_failure(exc: BaseException, meter: Meter) -> None:
+    """What the engine processed before a call failed, where the failure declares it."""
+    cause = getattr(exc, "cause", None) or exc
+    if isinstance(cause, GenerationError):
+        meter.count(cause)
 
 
 def unavailable(name: str) -> ApiError:

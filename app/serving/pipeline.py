@@ -3,34 +3,31 @@
 Chat, completions and responses take the same steps in the same order: resolve the model
 type, refuse what cannot be honoured (by name), check the request against the model (the
 reply and the prompt against the context), check that the reply can ever fit the plan,
-admit it, dispatch it (with the plan's priority where the engine orders by it), relay the
-reply (a whole body, or the replica's events as it batched them), and on close settle the
-plan's counters and meter the usage with the engine's token counts. An `ApiCall` supplies only what differs between APIs.
+admit it (its ticket sets the plan's cap and priority in the payload), dispatch it, relay
+the reply (a whole body, or the replica's events as it batched them), and charge the ticket
+once with the engine's token counts, however the request ends (`app.limits.ticket`). An
+`ApiCall` supplies only what differs between APIs.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Protocol
 
 from fastapi import Request, Response
 
 from app.accounts.auth import Caller
-from app.limits.admission import Admission, RateLimits, settled
+from app.limits.admission import RateLimits
+from app.limits.ticket import Meter
 from app.observability.request_record import RequestRecord, record_of
 from app.openai.errors import ApiError
 from app.openai.sse import EventStream
-from app.serving.dispatch import ModelEndpoint, ModelEndpoints, PartStream
+from app.serving.dispatch import ModelEndpoint, ModelEndpoints, PartStream, count_failure
 from deployments.wire import ModelInfo, ReplyPart
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 PROMPT_BYTES_BOUND = 2
 """Most tokens a rendered prompt may have per byte of its request body (check_prompt_length)."""
-Settle = Callable[[int, int], asyncio.Future[None]]
-"""Charges the engine's usage (prompt, completion tokens) to the caller's limits and meter;
-done when the caller's concurrency slot is free."""
 
 
 class ApiCall(Protocol):
@@ -91,58 +88,35 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     payload = call.payload()
     prompt_bytes = len(await request.body()) + call.prompt_bytes
     await check_prompt_length(limits, caller, endpoint, model, call.api, payload, prompt_bytes)
-    admission = await limits.admit(
-        caller, endpoint.name, call.reply_tokens, choices=call.choices, longest=model.max_model_len
+    ticket = await limits.open(
+        caller,
+        endpoint.name,
+        call.reply_tokens,
+        choices=call.choices,
+        model=model,
+        usage=request.app.state.usage,
     )
     record.sent_to(endpoint.name, call.stream)
-
-    def settle(prompt_tokens: int, completion_tokens: int) -> asyncio.Future[None]:
-        """The engine's real usage, charged to the rate limits and metered for the key."""
-        request.app.state.usage.record(
-            caller.key_id, endpoint.name, prompt_tokens, completion_tokens
-        )
-        return admission.settle(prompt_tokens, completion_tokens)
-
-    longest = admission.reply_length(model.max_model_len)
-    if call.reply_limit is None and longest is not None:
-        payload[call.cap_field] = longest  # no reply runs past what the plan has left
-    if model.priority_scheduling:
-        payload["priority"] = limits.plan_limits(caller.plan).priority  # the engine's order
-    async with charged_on_failure(admission, settle):
+    ticket.shape(payload, call.cap_field, call.reply_limit, model)
+    async with ticket.charging() as meter:
         if call.stream:
-            first, parts = await endpoint.open_stream(call.api, payload)
+            first, parts = await endpoint.open_stream(call.api, payload, meter)
+            meter.handed_to_stream()
         else:
-            whole = await endpoint.reply(call.api, payload)
+            whole = await endpoint.reply(call.api, payload, meter)
+            meter.charge()  # written while the body is made; the slot is free before it goes
+            record.completed(whole.prompt_tokens, whole.completion_tokens)
+            body = await call.whole(whole.data)
     if not call.stream:
-        written = settle(whole.prompt_tokens, whole.completion_tokens)
-        record.completed(whole.prompt_tokens, whole.completion_tokens)
-        body = await call.whole(whole.data)
-        await settled(written)  # the slot is free before the client has the reply
-        return Response(body, media_type="application/json", headers=admission.headers)
+        return Response(body, media_type="application/json", headers=ticket.headers)
     record.first_token(first.prompt_tokens)
-    tally = Tally(first, settle)
+    tally = Tally(first, meter)
     return EventStream(
         _relay(call, endpoint, parts, tally, record),
         media_type="text/event-stream",
-        headers={**SSE_HEADERS, **admission.headers},
+        headers={**SSE_HEADERS, **ticket.headers},
         on_close=tally.on_close(parts),
     )
-
-
-@asynccontextmanager
-async def charged_on_failure(admission: Admission, settle: Settle) -> AsyncIterator[None]:
-    """A dispatch that fails, or whose client leaves, is charged what the engine processed
-    before (the error's `engine_usage`), to the limits and the key's usage, if anything; its
-    error carries the plan's rate-limit headers and goes out once the slot is free."""
-    try:
-        yield
-    except BaseException as error:
-        usage = getattr(error, "engine_usage", (0, 0))
-        written = settle(*usage) if any(usage) else admission.settle(0, 0)
-        if isinstance(error, ApiError):
-            error.headers.update(admission.headers)
-            await settled(written)
-        raise
 
 
 def check_allowed(caller: Caller, model_type: str) -> None:
@@ -221,29 +195,27 @@ async def check_prompt_length(
 
 
 class Tally:
-    """What a stream has passed on so far (its last part carries the engine's counts so far),
-    charged once: before the stream's last bytes, or when the response closes."""
+    """A stream as it goes: its last part so far, counted on its ticket's meter, which it
+    charges once: before the stream's last bytes, or when the response closes."""
 
-    __slots__ = ("last", "finished", "_settle", "_charged")
+    __slots__ = ("last", "finished", "meter")
 
-    def __init__(self, first: ReplyPart, settle: Settle) -> None:
+    def __init__(self, first: ReplyPart, meter: Meter) -> None:
         self.last = first
         self.finished = False
-        self._settle = settle
-        self._charged: asyncio.Future[None] | None = None
+        self.meter = meter
+        meter.count(first)
 
-    def charge(self) -> asyncio.Future[None]:
-        """Charge what the engine produced so far (once); done when the slot is free."""
-        if self._charged is None:
-            self._charged = self._settle(self.last.prompt_tokens, self.last.completion_tokens)
-        return self._charged
+    def advance(self, part: ReplyPart) -> None:
+        self.last = part
+        self.meter.count(part)
 
     async def finish(self, record: RequestRecord, status: int) -> None:
         """The stream is complete (200) or ends with an error event of `status`: charged,
         and its slot free before the client can read its end and send again."""
         self.finished = True
         record.stream_ended(self.last.completion_tokens, None if status == 200 else status)
-        await settled(self.charge())
+        await self.meter.settle()
 
     def on_close(self, parts: PartStream) -> Callable[[], None]:
         """What runs when the response ends, however it ends (before its first event too)."""
@@ -253,7 +225,7 @@ class Tally:
                 # The client went away: free the engine at once rather than generate for nobody.
                 parts.cancel()
             # Whatever the engine produced counts, a stream the client cut off included.
-            self.charge()
+            self.meter.charge()
 
         return closed
 
@@ -277,10 +249,12 @@ async def _relay(
             yield data
             if tally.finished:
                 return
-            part = tally.last = await anext(parts)
+            part = await anext(parts)
+            tally.advance(part)
     except StopAsyncIteration:
         error = endpoint.error(EOFError("the stream ended without its last part"))
     except Exception as exc:
+        count_failure(exc, tally.meter)
         error = endpoint.error(exc)
     await tally.finish(record, error.status)
     yield call.error_event(error)

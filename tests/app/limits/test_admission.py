@@ -11,9 +11,10 @@ import pytest
 from app.accounts.auth import Caller
 from app.accounts.keystore.schemas import KeyLimits
 from app.limits import admission as admission_module
-from app.limits.admission import UNLIMITED, RateLimits, duration
+from app.limits.admission import UNLIMITED, RateLimits
 from app.limits.counters import MemoryCounters, open_counters
 from app.limits.plans import Plans
+from app.limits.refusals import duration
 from app.openai.errors import ApiError
 from tests.app.shipped_plans import FAST, PLANS, PRO, caller
 from tests.conftest import REDIS, free_port
@@ -216,7 +217,7 @@ async def test_a_refusal_waits_for_its_count_only_so_long(monkeypatch):
     limits = RateLimits(PLANS, _Stuck())
     async with asyncio.timeout(5):
         await limits.refuse(caller(), FAST)
-    for task in list(limits._background):
+    for task in list(limits.writes.running):
         task.cancel()
 
 

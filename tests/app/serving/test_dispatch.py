@@ -7,6 +7,7 @@ from ray.serve._private.config import DeploymentConfig
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentResponseGenerator
 
+from app.limits.ticket import Meter
 from app.openai.errors import ApiError
 from app.serving import dispatch
 from app.serving.dispatch import ModelEndpoint, ModelEndpoints, running_replicas, scales_to_zero
@@ -138,9 +139,9 @@ async def test_calls_waiting_for_a_replica_of_a_type_with_none_left_are_refused_
     handles = {n: WaitingHandle(n) for n in counts}
     router = ModelEndpoints(handles, created=1, scale_to_zero=frozenset({"Z"}))
     waiting = [
-        asyncio.create_task(router.get("A").reply("chat", {})),
-        asyncio.create_task(router.get("A").open_stream("chat", {})),
-        asyncio.create_task(router.get("Z").reply("chat", {})),
+        asyncio.create_task(router.get("A").reply("chat", {}, meter())),
+        asyncio.create_task(router.get("A").open_stream("chat", {}, meter())),
+        asyncio.create_task(router.get("Z").reply("chat", {}, meter())),
     ]
     await asyncio.sleep(0.01)
     router.refuse_orphans()  # A still has its replica: nothing is refused
@@ -164,7 +165,7 @@ async def test_a_caller_that_leaves_cancels_its_call_and_is_no_503(monkeypatch):
     monkeypatch.setattr("app.serving.dispatch.running_replicas", lambda h: 0)
     handle = WaitingHandle("A")
     router = ModelEndpoints({"A": handle}, created=1)
-    task = asyncio.create_task(router.get("A").reply("chat", {}))
+    task = asyncio.create_task(router.get("A").reply("chat", {}, meter()))
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -252,37 +253,47 @@ class ReplyHandle(FakeHandle):
 
 async def test_a_whole_reply_is_its_body_after_the_counts_so_far():
     parts = [ReplyPart(b"", 7, 0), ReplyPart(b"", 7, 40), ReplyPart(b'{"id": 1}', 7, 64, 200)]
-    reply = await ModelEndpoint("ServiceAi-Pro", ReplyHandle(parts)).reply("chat", {})
+    reply = await ModelEndpoint("ServiceAi-Pro", ReplyHandle(parts)).reply("chat", {}, meter())
     assert reply == parts[-1]
 
 
 async def test_a_large_whole_reply_is_joined_from_its_parts():
     parts = [ReplyPart(b"", 7, 0), ReplyPart(b'{"id": ', 7, 64), ReplyPart(b"1}", 7, 64, 200)]
-    reply = await ModelEndpoint("ServiceAi-Pro", ReplyHandle(parts)).reply("chat", {})
+    reply = await ModelEndpoint("ServiceAi-Pro", ReplyHandle(parts)).reply("chat", {}, meter())
     assert (reply.data, reply.completion_tokens) == (b'{"id": 1}', 64)
 
 
-async def test_a_whole_reply_left_by_its_client_carries_the_last_counts_for_the_charge():
+async def test_a_whole_reply_left_by_its_client_has_the_last_counts_on_its_meter():
     handle = ReplyHandle([ReplyPart(b"", 7, 0), ReplyPart(b"", 7, 40)])  # then still at work
-    task = asyncio.create_task(ModelEndpoint("ServiceAi-Pro", handle).reply("chat", {}))
+    counted = meter()
+    task = asyncio.create_task(ModelEndpoint("ServiceAi-Pro", handle).reply("chat", {}, counted))
     await asyncio.sleep(0.01)
     task.cancel()
-    with pytest.raises(asyncio.CancelledError) as info:
+    with pytest.raises(asyncio.CancelledError):
         await task
-    assert info.value.engine_usage == (7, 40)
+    assert (counted.prompt_tokens, counted.completion_tokens) == (7, 40)
 
 
-async def test_a_failed_whole_reply_keeps_the_replicas_own_counts_else_the_last_seen():
+async def test_a_failed_whole_reply_counts_the_replicas_own_counts_else_the_last_seen():
     failure = EngineUnavailable("engine stopped")
     failure.prompt_tokens, failure.completion_tokens = 7, 52
     endpoint = ModelEndpoint("ServiceAi-Pro", ReplyHandle([ReplyPart(b"", 7, 40)], failure))
+    counted = meter()
     with pytest.raises(ApiError) as info:
-        await endpoint.reply("chat", {})
-    assert info.value.status == 503 and info.value.engine_usage == (7, 52)
+        await endpoint.reply("chat", {}, counted)
+    assert info.value.status == 503
+    assert (counted.prompt_tokens, counted.completion_tokens) == (7, 52)
     endpoint = ModelEndpoint("ServiceAi-Pro", ReplyHandle([ReplyPart(b"", 7, 40)], RayActorError()))
+    counted = meter()
     with pytest.raises(ApiError) as info:
-        await endpoint.reply("chat", {})
-    assert info.value.code == "model_unavailable" and info.value.engine_usage == (7, 40)
+        await endpoint.reply("chat", {}, counted)
+    assert info.value.code == "model_unavailable"
+    assert (counted.prompt_tokens, counted.completion_tokens) == (7, 40)
+
+
+def meter() -> Meter:
+    """A meter whose charges go nowhere (the ticket's are tested in tests/app/limits)."""
+    return Meter(lambda prompt, completion: asyncio.get_running_loop().create_future())
 
 
 class MeasuringHandle(FakeHandle):

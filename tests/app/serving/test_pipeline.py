@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from app.limits.ticket import Meter
 from app.observability.metrics import InFlight
 from app.observability.request_record import CLIENT_CLOSED, RequestRecord
 from app.openai.chat import ChatCompletionRequest
@@ -216,7 +217,7 @@ class _Parts:
 
 
 def _charged(charges: list[tuple[int, int]] | None = None):
-    """A Settle that records its charges; its write is done at once."""
+    """A Charge that records its charges; its write is done at once."""
 
     def settle(prompt_tokens: int, completion_tokens: int) -> asyncio.Future[None]:
         if charges is not None:
@@ -243,7 +244,7 @@ async def test_a_stream_is_complete_once_its_last_part_is_written():
     stream, record = _Parts(last), RequestRecord("r", 0.0, InFlight())
     record.sent_to(FAST, stream=True)
     charges: list[tuple[int, int]] = []
-    tally = Tally(first, _charged(charges))
+    tally = Tally(first, Meter(_charged(charges)))
     events = _relay(ChatCall(chat(stream=True)), _Endpoint(), stream, tally, record)
     assert await anext(events) == first.data
     assert charges == []
@@ -275,7 +276,7 @@ async def test_a_stream_that_fails_or_ends_early_ends_with_its_apis_error_event(
     for rest in (_Parts(then=RuntimeError("replica died")), _Parts()):
         record = RequestRecord("r", 0.0, InFlight())
         record.sent_to(FAST, stream=True)
-        tally = Tally(ReplyPart(b"data: {}\n\n", 7, 1), _charged())
+        tally = Tally(ReplyPart(b"data: {}\n\n", 7, 1), Meter(_charged()))
         events = [e async for e in _relay(call, _Endpoint(), rest, tally, record)]
         assert events == [b"data: {}\n\n", framed]
         assert tally.finished and record.status(200) == 503
@@ -285,7 +286,7 @@ async def test_a_stream_cut_before_its_end_is_a_client_closed_request():
     first = ReplyPart(b"data: {}\n\n", 7, 1)
     stream, record = _Parts(ReplyPart(b"data: {}\n\n", 7, 2)), RequestRecord("r", 0.0, InFlight())
     record.sent_to(FAST, stream=True)
-    tally = Tally(first, _charged())
+    tally = Tally(first, Meter(_charged()))
     events = _relay(ChatCall(chat(stream=True)), _Endpoint(), stream, tally, record)
     await anext(events)
     await anext(events)
