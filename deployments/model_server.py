@@ -34,10 +34,12 @@ class ModelServer:
     """
 
     async def __init__(self, config: ModelTypeConfig) -> None:
+        from deployments.vllm_engine import vllm_internals
         from deployments.vllm_engine.engine import VllmEngine
 
         collect_less_often()
         ray_internals.check()
+        vllm_internals.check()
         model = config.resolved_model()
         if model == TINY_MODEL:
             from deployments.tiny_model import ensure

@@ -1,0 +1,198 @@
+"""vLLM's internals that this service patches, reads or calls, all listed here, checked at start.
+
+vLLM has no public hook for what the adapter mends or measures: forced calls that skip the
+structural tag (`forced_tool_calls`), rewindable seeded sampling on CPU (`seeded_sampling`),
+JSON-schema strings held to JSON (`strict_json`), a prompt's length as the serving layer
+renders it, and the Responses handler built on the replica's own engine (`responses`). Those
+modules do the work; this one names every private surface they touch. Each replica calls
+`check()` before it builds its engine: a vLLM whose internals moved fails there, naming what
+moved and which module needs it, instead of mid-request or, for a patch, silently unapplied.
+Pinned by the exact vLLM version in pyproject.toml; tests/deployments/vllm_engine/
+test_vllm_internals.py checks that every patch in the folder is listed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from typing import Any, NamedTuple
+
+
+class Surface(NamedTuple):
+    """One thing of vLLM's that a module here relies on: `path` in `module` (a class's
+    attribute as `Class.name`), and for a callable the keywords it is called with."""
+
+    module: str
+    path: str
+    user: str
+    """The module here that needs it, and why."""
+    keywords: tuple[str, ...] = ()
+
+
+PATCHED = (
+    Surface(
+        "vllm.parser.abstract_parser",
+        "DelegatingParser._apply_structural_tag",
+        "forced_tool_calls: a forced call takes the JSON-schema path, not the tag",
+    ),
+    Surface(
+        "vllm.tool_parsers.abstract_tool_parser",
+        "ToolParser.supports_required_and_named",
+        "forced_tool_calls: every parser serves forced calls from JSON",
+    ),
+    Surface(
+        "vllm.v1.worker.gpu_input_batch",
+        "CachedRequestState.__post_init__",
+        "seeded_sampling: a seeded request's generator can rewind",
+    ),
+    Surface(
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner._sample",
+        "seeded_sampling: generators are marked before each step",
+    ),
+    Surface(
+        "vllm.v1.structured_output.backend_xgrammar",
+        "XgrammarBackend.__post_init__",
+        "strict_json: schema strings compile to JSON characters",
+    ),
+)
+"""Replaced in this process (the plugins in each engine core, forced calls in the replica)."""
+
+READ = (
+    Surface("vllm.v1.worker.gpu_input_batch", "CachedRequestState.generator", "seeded_sampling"),
+    Surface("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.input_batch", "seeded_sampling"),
+    Surface("vllm.v1.worker.gpu_input_batch", "InputBatch.generators", "seeded_sampling"),
+    Surface(
+        "vllm.v1.structured_output.backend_xgrammar", "XgrammarBackend.compiler", "strict_json"
+    ),
+    Surface(
+        "vllm.tool_parsers.abstract_tool_parser",
+        "ToolParserManager.register_module",
+        "forced_tool_calls: the parser of a type with none",
+        ("name", "module", "force"),
+    ),
+    Surface(
+        "vllm.entrypoints.openai.chat_completion.serving",
+        "OpenAIServingChat.render_chat_request",
+        "completions: a chat prompt's length",
+    ),
+    Surface(
+        "vllm.entrypoints.openai.completion.serving",
+        "OpenAIServingCompletion.render_completion_request",
+        "completions: a completion prompt's length",
+    ),
+    Surface(
+        "vllm.renderers.inputs.preprocess",
+        "extract_prompt_len",
+        "completions: lengths (and responses)",
+    ),
+    Surface(
+        "vllm.entrypoints.openai.responses.serving",
+        "OpenAIServingResponses.online_renderer",
+        "responses: a Responses prompt's length",
+    ),
+    Surface(
+        "vllm.renderers.online_renderer",
+        "OnlineRenderer.render_responses",
+        "responses: a Responses prompt's length",
+    ),
+    Surface(
+        "vllm.renderers.online_renderer",
+        "OnlineRenderer",
+        "responses: the Responses handler's renderer",
+        (
+            "model_config",
+            "renderer",
+            "request_logger",
+            "chat_template",
+            "chat_template_content_format",
+            "trust_request_chat_template",
+            "trust_request_mm_kwargs",
+            "enable_auto_tools",
+            "exclude_tools_when_tool_choice_none",
+            "tool_parser",
+            "tool_strict_level",
+            "reasoning_parser",
+            "default_chat_template_kwargs",
+            "log_error_stack",
+        ),
+    ),
+    Surface(
+        "vllm.entrypoints.openai.responses.serving",
+        "OpenAIServingResponses",
+        "responses: the handler on the replica's engine",
+        (
+            "request_logger",
+            "chat_template",
+            "chat_template_content_format",
+            "enable_auto_tools",
+            "tool_parser",
+            "enable_prompt_tokens_details",
+        ),
+    ),
+    Surface(
+        "vllm.entrypoints.openai.models.serving",
+        "OpenAIServingModels",
+        "responses: the served name",
+        ("engine_client", "base_model_paths"),
+    ),
+    Surface(
+        "vllm.entrypoints.launchers.api_server.app_state",
+        "init_app_state",
+        "engine: vLLM's serving layer, built as `vllm serve` builds it",
+    ),
+)
+"""Read or called: private names, and public ones called with keywords that may move."""
+
+
+def check(surfaces: tuple[Surface, ...] = PATCHED + READ) -> None:
+    """Raise, naming the first surface this vLLM no longer has, and the module that needs it."""
+    for surface in surfaces:
+        problem = _missing(surface)
+        if problem is not None:
+            raise RuntimeError(
+                f"vLLM's {surface.module}.{surface.path} {problem}, which ServiceAi's "
+                f"deployments/vllm_engine/{surface.user.split(':')[0]}.py needs "
+                "(deployments/vllm_engine/vllm_internals.py): this vLLM is not the version "
+                "pyproject.toml pins."
+            )
+
+
+def _missing(surface: Surface) -> str | None:
+    """What is wrong with `surface` in this vLLM, or None."""
+    try:
+        found: Any = importlib.import_module(surface.module)
+    except ImportError:
+        return "cannot be imported"
+    *owners, name = surface.path.split(".")
+    for part in owners:
+        found = getattr(found, part, None)
+        if found is None:
+            return f"is gone ({part} is missing)"
+    if not hasattr(found, name) and not (
+        isinstance(found, type) and name in _attributes_set(found)
+    ):
+        return "is gone"
+    target = getattr(found, name, None)
+    if surface.keywords and target is not None:
+        accepted = inspect.signature(target).parameters
+        moved = [keyword for keyword in surface.keywords if keyword not in accepted]
+        if moved:
+            return f"no longer takes {', '.join(moved)}"
+    return None
+
+
+def _attributes_set(cls: type) -> set[str]:
+    """A class's fields and every `self.<name>` its methods (and its bases') mention."""
+    names = (
+        {field.name for field in dataclasses.fields(cls)}
+        if dataclasses.is_dataclass(cls)
+        else set()
+    )
+    for klass in cls.__mro__:
+        for member in vars(klass).values():
+            function = getattr(member, "fget", member)
+            if inspect.isfunction(function):
+                names.update(function.__code__.co_names)
+    return names
