@@ -15,8 +15,11 @@ import yaml
 
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.errors import UserNotFound
-from app.cli.accounts import EXIT_CODES, audit, keys, usage, users, with_store
+from app.cli.common import EXIT_CODES, with_store
+from app.cli.keys import keys
+from app.cli.reports import audit, usage
 from app.cli.serve_process import PortRefused, ServeRun, claim_runtime_dir, clear_port
+from app.cli.users import users
 from app.config.settings import PROJECT_ROOT
 from app.serving.ray_runtime import cluster_env, free_port
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from app.accounts.keystore import Database, KeyStore, keygen
 from app.accounts.keystore.errors import WrongCredentials
 from app.accounts.keystore.usage import UsageCount, UsageKey
-from app.cli.accounts import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
+from app.cli.common import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from app.cli.main import cli
 from app.config.settings import get_settings
 
