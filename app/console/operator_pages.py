@@ -19,22 +19,19 @@ from pydantic import ValidationError
 from app.accounts.auth import KeyVerifier
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.audit import LAST_ID, Actor
-from app.accounts.keystore.errors import KeyLimitReached, UserDisabled
 from app.accounts.keystore.schemas import MAX_PAGE, IssuedApiKey, User
-from app.accounts.scopes import check_models
 from app.console import session
 from app.console.forms import (
-    KeyForm,
     NewUserForm,
     RoleForm,
     grace_hours,
     problem,
     whole_number,
 )
+from app.console.new_keys import KeyRefused, create_key_from_form
 from app.console.pages import go, render
 from app.console.session import signed_in_operator
 from app.console.usage_view import RANGES, last_days, usage_over_time
-from app.openai.errors import ApiError
 
 PAGE = 50
 TOP = 10
@@ -235,21 +232,15 @@ async def enable(
 async def create_key(
     user_id: str, request: Request, operator: User = Depends(signed_in_operator)
 ) -> Response:
-    form = await session.checked_form(request)
-    fields = {**dict(form), "models": form.getlist("models")}
+    actor = Actor.operator(operator.email)
     try:
-        key = KeyForm.model_validate(fields)
-        scopes = key.scopes()
-        check_models(scopes, _model_types(request))
-        issued = await _store(request).create_key(
-            user_id, key.name, scopes, actor=Actor.operator(operator.email)
+        issued = await create_key_from_form(
+            request, _store(request), user_id, _model_types(request), actor
         )
-    except ValidationError as exc:
-        return await _user(request, operator, user_id, 400, error=problem(exc), form=fields)
-    except ApiError as exc:  # a model type that is not offered
-        return await _user(request, operator, user_id, 400, error=exc.message, form=fields)
-    except (KeyLimitReached, UserDisabled) as exc:
-        return await _user(request, operator, user_id, 409, error=exc.message, form=fields)
+    except KeyRefused as refused:
+        return await _user(
+            request, operator, user_id, refused.status, error=refused.error, form=refused.form
+        )
     return await _user(request, operator, issued.user_id, 201, new_key=issued)
 
 

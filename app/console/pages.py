@@ -17,12 +17,12 @@ from pydantic import ValidationError
 
 from app.accounts.auth import KeyVerifier
 from app.accounts.keystore import KeyStore
-from app.accounts.keystore.errors import KeyLimitReached, UserExists, WrongCredentials
+from app.accounts.keystore.errors import UserExists, WrongCredentials
 from app.accounts.keystore.schemas import MAX_PAGE, IssuedApiKey, UsageTotals, User
-from app.accounts.scopes import check_models
 from app.console import session
 from app.console.charts import BarChart
-from app.console.forms import KeyForm, SignInForm, SignUpForm, grace_hours, problem
+from app.console.forms import SignInForm, SignUpForm, grace_hours, problem
+from app.console.new_keys import KeyRefused, create_key_from_form
 from app.console.session import signed_in_user
 from app.console.sign_in_limit import SignInLimit
 from app.console.usage_view import last_days, model_chart
@@ -186,19 +186,12 @@ async def keys_page(request: Request, user: User = Depends(signed_in_user)) -> R
 
 @router.post("/keys")
 async def create_key(request: Request, user: User = Depends(signed_in_user)) -> Response:
-    form = await session.checked_form(request)
-    fields = {**dict(form), "models": form.getlist("models")}
     try:
-        key = KeyForm.model_validate(fields)
-        scopes = key.scopes()
-        check_models(scopes, request.app.state.models.names)
-        issued = await _store(request).create_key(user.id, key.name, scopes)
-    except ValidationError as exc:
-        return await _keys(request, user, 400, error=problem(exc), form=fields)
-    except ApiError as exc:  # a model type that is not offered
-        return await _keys(request, user, 400, error=exc.message, form=fields)
-    except KeyLimitReached as exc:
-        return await _keys(request, user, 409, error=exc.message, form=fields)
+        issued = await create_key_from_form(
+            request, _store(request), user.id, request.app.state.models.names
+        )
+    except KeyRefused as refused:
+        return await _keys(request, user, refused.status, error=refused.error, form=refused.form)
     return await _keys(request, user, 201, new_key=issued)
 
 
