@@ -10,13 +10,14 @@ version in pyproject.toml; exercised by tests/e2e/test_stream_lifecycle.py.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 from ray.serve._private.request_router.request_router import RequestRouter
 from ray.serve._private.router import AsyncioRouter, RouterMetricsManager, SingletonThreadRouter
 from ray.serve.handle import DeploymentHandle, _DeploymentHandleBase, _DeploymentResponseBase
+
+from deployments.attributes import attributes_set
 
 DeploymentResponseBase = _DeploymentResponseBase
 """What a handle's call returns, whole or streamed."""
@@ -40,7 +41,7 @@ READ: dict[type, tuple[str, ...]] = {
 def check() -> None:
     """Raise if a class no longer sets an attribute this module reads."""
     for cls, names in READ.items():
-        known = _attributes_set(cls)
+        known = attributes_set(cls)
         for name in names:
             if name not in known:
                 raise RuntimeError(
@@ -48,17 +49,6 @@ def check() -> None:
                     "which ServiceAi reads (deployments/ray_internals.py): this Ray is not the "
                     "version pyproject.toml pins."
                 )
-
-
-def _attributes_set(cls: type) -> set[str]:
-    """Every `self.<name>` the class's own methods (and its bases') mention."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        for member in vars(klass).values():
-            function = getattr(member, "fget", member)
-            if inspect.isfunction(function):
-                names.update(function.__code__.co_names)
-    return names
 
 
 def when_assigned(response: DeploymentResponseBase, callback: Callable[[], None]) -> None:

@@ -34,6 +34,7 @@ from app.limits.usage_meter import UsageMeter
 from app.limits.writes import CounterWrites
 from app.observability.metrics import rate_limited
 from app.openai.errors import ApiError
+from app.openai.protocol import ReplyLength
 from deployments.wire import ModelInfo
 
 logger = logging.getLogger("ray.serve.serviceai")
@@ -176,16 +177,15 @@ class RateLimits:
             budgets=() if budget is None else (_monthly("key", caller.key_id, budget),),
         )
 
-    def check_fits(
-        self, caller: Caller, model_type: str, max_tokens: int | None, param: str = "max_tokens"
-    ) -> None:
+    def check_fits(self, caller: Caller, model_type: str, reply: ReplyLength) -> None:
         """Refuse a reply that can never fit the plan, before any counter is touched.
 
-        `max_tokens` (the request's `param`, times its choices) above the plan's whole
-        per-minute or per-day token limit (or the key's) is a 429 that no wait cures:
-        `x-should-retry: false`, no Retry-After. Above a whole monthly budget it is the 429 of
-        a spent budget (`insufficient_quota`), as on every API.
+        A reply that may take more (`reply.total`: its field times its choices) than the
+        plan's whole per-minute or per-day token limit (or the key's) is a 429 that no wait
+        cures: `x-should-retry: false`, no Retry-After. Above a whole monthly budget it is the
+        429 of a spent budget (`insufficient_quota`), as on every API.
         """
+        max_tokens, param = reply.total, reply.field
         if max_tokens is None:
             return
         limits = self.plan_limits(caller.plan).on(model_type)
@@ -206,16 +206,15 @@ class RateLimits:
         self,
         caller: Caller,
         model_type: str,
-        reply_tokens: int | None,
+        reply: ReplyLength,
         *,
-        choices: int,
         model: ModelInfo,
         usage: UsageMeter | None,
     ) -> Ticket:
         """Admit a request (`admit`) and hand it its ticket: what it sets in the engine's
         payload and its one charge, to these counters and to `usage`."""
         admission = await self.admit(
-            caller, model_type, reply_tokens, choices=choices, longest=model.max_model_len
+            caller, model_type, reply.total, choices=reply.choices, longest=model.max_model_len
         )
         priority = self.plan_limits(caller.plan).priority
         return Ticket(admission, usage, caller.key_id, model_type, priority)

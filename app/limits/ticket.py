@@ -1,7 +1,7 @@
 """One request's charge, from admission to the usage meter: open, shape, charge once.
 
-    ticket = await limits.open(caller, model_type, reply_tokens, choices=n, model=info, usage=usage_meter)
-    ticket.shape(payload, cap_field, reply_limit, info)    # the cap and priority it sets
+    ticket = await limits.open(caller, model_type, reply, model=info, usage=usage_meter)
+    ticket.shape(payload, reply, info)                     # the cap and priority it sets
     async with ticket.charging() as meter:                 # settles once on every exit
         whole = await endpoint.reply(api, payload, meter)  # the engine's counts, as they come
 
@@ -26,6 +26,7 @@ from app.openai.errors import ApiError
 if TYPE_CHECKING:
     from app.limits.admission import Admission
     from app.limits.usage_meter import UsageMeter
+    from app.openai.protocol import ReplyLength
     from deployments.wire import ModelInfo
 
 SETTLE_WAIT_S = 1.0
@@ -66,15 +67,13 @@ class Ticket:
         self._model_type = model_type
         self._priority = priority
 
-    def shape(
-        self, payload: dict, cap_field: str, reply_limit: int | None, model: ModelInfo
-    ) -> None:
+    def shape(self, payload: dict, reply: ReplyLength, model: ModelInfo) -> None:
         """Set what the plan decides in the engine's payload: a reply with no limit of its own
-        runs no further than the plan has left (`cap_field`), and an engine that orders
+        runs no further than the plan has left (in `reply.field`), and an engine that orders
         requests by priority gets the plan's."""
         longest = self._admission.reply_length(model.max_model_len)
-        if reply_limit is None and longest is not None:
-            payload[cap_field] = longest
+        if reply.each is None and longest is not None:
+            payload[reply.field] = longest
         if model.priority_scheduling:
             payload["priority"] = self._priority
 

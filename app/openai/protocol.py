@@ -9,7 +9,7 @@ completions: app.openai.completions; responses: app.openai.responses.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -89,6 +89,24 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
+
+
+class ReplyLength(NamedTuple):
+    """How long a request lets its reply run, on every API."""
+
+    field: str
+    """The field that bounds each reply: the one the client sent ("max_tokens",
+    "max_completion_tokens", "max_output_tokens"), or where it sent none, the one the gateway
+    sets to the plan's cap."""
+    each: int | None
+    """Its value, per choice (None: up to the end of the context, or what the plan leaves)."""
+    choices: int = 1
+    """The engine's sequences: choices times prompts."""
+
+    @property
+    def total(self) -> int | None:
+        """The most the whole reply may generate: all choices, all prompts."""
+        return None if self.each is None else self.each * self.choices
 
 
 class GenerationFields(BaseModel):

@@ -11,7 +11,7 @@ import orjson
 from app.openai.chat import ChatCompletionRequest
 from app.openai.completions import CompletionRequest
 from app.openai.errors import ApiError
-from app.openai.protocol import GenerationFields
+from app.openai.protocol import GenerationFields, ReplyLength
 from app.serving.pipeline import check_tools
 from deployments.wire import ModelInfo, ReplyPart
 
@@ -22,7 +22,6 @@ class _GenerationCall:
     """What chat and completions share."""
 
     api: str
-    cap_field: str
     prompt_bytes = 0
 
     def __init__(self, body: GenerationFields) -> None:
@@ -55,16 +54,12 @@ class _GenerationCall:
 
 class ChatCall(_GenerationCall):
     api = "chat"
-    cap_field = "max_completion_tokens"
 
     def __init__(self, body: ChatCompletionRequest) -> None:
         super().__init__(body)
-        self.reply_limit = body.reply_limit
-        self.reply_param = (
-            "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        )
-        self.choices = body.choices
-        self.reply_tokens = None if body.reply_limit is None else body.reply_limit * body.choices
+        sent_old_name = body.max_completion_tokens is None and body.max_tokens is not None
+        field = "max_tokens" if sent_old_name else "max_completion_tokens"
+        self.reply = ReplyLength(field, body.reply_limit, body.choices)
 
     def check_against_model(self, model: ModelInfo) -> None:
         body = self.body
@@ -81,14 +76,11 @@ class ChatCall(_GenerationCall):
 
 class CompletionCall(_GenerationCall):
     api = "completion"
-    cap_field = "max_tokens"
-    reply_param = "max_tokens"
 
     def __init__(self, body: CompletionRequest) -> None:
         super().__init__(body)
-        self.reply_limit = body.reply_limit
-        self.choices = body.choices * body.prompts  # the engine's sequences
-        self.reply_tokens = body.reply_limit * self.choices
+        # Every prompt's every choice is one of the engine's sequences.
+        self.reply = ReplyLength("max_tokens", body.reply_limit, body.choices * body.prompts)
 
     def check_against_model(self, model: ModelInfo) -> None:
         pass

@@ -21,6 +21,7 @@ from app.limits.admission import RateLimits
 from app.limits.ticket import Meter
 from app.observability.request_record import RequestRecord, record_of
 from app.openai.errors import ApiError
+from app.openai.protocol import ReplyLength
 from app.openai.sse import EventStream
 from app.serving.dispatch import ModelEndpoint, ModelEndpoints, PartStream, count_failure
 from deployments.wire import ModelInfo, ReplyPart
@@ -37,15 +38,7 @@ class ApiCall(Protocol):
     """The model replica's name for the API: "chat", "completion" or "responses"."""
     model: str
     stream: bool
-    reply_param: str
-    """The field that bounds each reply's length, as the client sent it."""
-    reply_limit: int | None
-    """Its value (None: up to the end of the context, or what the plan leaves)."""
-    reply_tokens: int | None
-    """The most the whole reply may generate: all choices, all prompts."""
-    choices: int
-    cap_field: str
-    """The field the pipeline sets when the client set no limit and the plan has one."""
+    reply: ReplyLength
     prompt_bytes: int
     """Bytes of the prompt beyond the request's body (a replayed history)."""
 
@@ -83,21 +76,16 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     model = await endpoint.info()
     check_reply_length(call, model)
     call.check_against_model(model)
-    limits.check_fits(caller, endpoint.name, call.reply_tokens, call.reply_param)
+    limits.check_fits(caller, endpoint.name, call.reply)
     await call.prepare()
     payload = call.payload()
     prompt_bytes = len(await request.body()) + call.prompt_bytes
     await check_prompt_length(limits, caller, endpoint, model, call.api, payload, prompt_bytes)
     ticket = await limits.open(
-        caller,
-        endpoint.name,
-        call.reply_tokens,
-        choices=call.choices,
-        model=model,
-        usage=request.app.state.usage,
+        caller, endpoint.name, call.reply, model=model, usage=request.app.state.usage
     )
     record.sent_to(endpoint.name, call.stream)
-    ticket.shape(payload, call.cap_field, call.reply_limit, model)
+    ticket.shape(payload, call.reply, model)
     async with ticket.charging() as meter:
         if call.stream:
             first, parts = await endpoint.open_stream(call.api, payload, meter)
@@ -134,13 +122,13 @@ def check_allowed(caller: Caller, model_type: str) -> None:
 
 def check_reply_length(call: ApiCall, model: ModelInfo) -> None:
     """A reply limit at or beyond the context can never be served: 400, before any counter."""
-    limit = call.reply_limit
+    limit, field = call.reply.each, call.reply.field
     if limit is not None and limit >= model.max_model_len:
         raise ApiError(
             400,
-            f"{call.reply_param} is too large: {limit}. This model's maximum context length is "
+            f"{field} is too large: {limit}. This model's maximum context length is "
             f"{model.max_model_len} tokens, prompt included; request fewer completion tokens.",
-            param=call.reply_param,
+            param=field,
             code="context_length_exceeded",
         )
 

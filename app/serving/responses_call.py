@@ -18,6 +18,7 @@ from app.accounts.auth import Caller
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.responses import ResponseStore
 from app.openai.errors import ApiError
+from app.openai.protocol import ReplyLength
 from app.openai.responses import ResponseCreateRequest, new_response_id
 from app.serving.pipeline import check_tools
 from deployments.wire import ModelInfo, ReplyPart
@@ -27,15 +28,12 @@ logger = logging.getLogger("ray.serve.serviceai")
 
 class ResponsesCall:
     api = "responses"
-    reply_param = "max_output_tokens"
-    cap_field = "max_output_tokens"
-    choices = 1
 
     def __init__(self, body: ResponseCreateRequest, caller: Caller, store: ResponseStore) -> None:
         self.body = body
         self.model = body.model
         self.stream = body.stream
-        self.reply_limit = self.reply_tokens = body.max_output_tokens
+        self.reply = ReplyLength("max_output_tokens", body.max_output_tokens)
         self.prompt_bytes = 0
         self._caller = caller
         self._store = store

@@ -13,10 +13,11 @@ test_vllm_internals.py checks that every patch in the folder is listed.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import inspect
 from typing import Any, NamedTuple
+
+from deployments.attributes import attributes_set
 
 
 class Surface(NamedTuple):
@@ -170,9 +171,7 @@ def _missing(surface: Surface) -> str | None:
         found = getattr(found, part, None)
         if found is None:
             return f"is gone ({part} is missing)"
-    if not hasattr(found, name) and not (
-        isinstance(found, type) and name in _attributes_set(found)
-    ):
+    if not hasattr(found, name) and not (isinstance(found, type) and name in attributes_set(found)):
         return "is gone"
     target = getattr(found, name, None)
     if surface.keywords and target is not None:
@@ -181,18 +180,3 @@ def _missing(surface: Surface) -> str | None:
         if moved:
             return f"no longer takes {', '.join(moved)}"
     return None
-
-
-def _attributes_set(cls: type) -> set[str]:
-    """A class's fields and every `self.<name>` its methods (and its bases') mention."""
-    names = (
-        {field.name for field in dataclasses.fields(cls)}
-        if dataclasses.is_dataclass(cls)
-        else set()
-    )
-    for klass in cls.__mro__:
-        for member in vars(klass).values():
-            function = getattr(member, "fget", member)
-            if inspect.isfunction(function):
-                names.update(function.__code__.co_names)
-    return names

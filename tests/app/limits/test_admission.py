@@ -16,6 +16,7 @@ from app.limits.counters import MemoryCounters, open_counters
 from app.limits.plans import Plans
 from app.limits.refusals import duration
 from app.openai.errors import ApiError
+from app.openai.protocol import ReplyLength
 from tests.app.shipped_plans import FAST, PLANS, PRO, caller
 from tests.conftest import REDIS, free_port
 
@@ -315,7 +316,7 @@ async def test_a_spent_monthly_budget_says_do_not_retry(limits, whose):
     # Without max_tokens the reply is capped at what the budget has left.
     assert (await limits.admit(who, PRO, None)).reply_cap == 350
     with pytest.raises(ApiError) as exc:  # a reply that can never fit: as a spent budget
-        limits.check_fits(who, FAST, 1001)
+        limits.check_fits(who, FAST, ReplyLength("max_tokens", 1001))
     error = refused(exc, "insufficient_quota", "insufficient_quota")
     assert error.headers == {"x-should-retry": "false"}
     assert f"{owner[0].upper()}{owner[1:]} monthly token budget (1000 tokens)" in error.message

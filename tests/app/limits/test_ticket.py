@@ -9,10 +9,13 @@ import pytest
 from app.accounts.keystore import KeyStore
 from app.limits.usage_meter import UsageMeter
 from app.openai.errors import ApiError
+from app.openai.protocol import ReplyLength
 from deployments.wire import ModelInfo, ReplyPart
 from tests.app.shipped_plans import FAST, PRO, caller
 
 MODEL = ModelInfo(PRO, 4096, priority_scheduling=True)
+HUNDRED = ReplyLength("max_tokens", 100)
+UNBOUNDED = ReplyLength("max_tokens", None)
 
 
 @pytest.fixture
@@ -41,7 +44,7 @@ async def in_flight(limits, who) -> int:
 
 async def test_a_whole_reply_is_charged_once_to_the_plan_and_the_key(limits, usage):
     who = caller()
-    ticket = await limits.open(who, PRO, 100, choices=1, model=MODEL, usage=usage)
+    ticket = await limits.open(who, PRO, HUNDRED, model=MODEL, usage=usage)
     async with ticket.charging() as meter:
         meter.count(ReplyPart(b"", 7, 40))
         meter.count(ReplyPart(b"{}", 7, 64, last=True))
@@ -49,7 +52,7 @@ async def test_a_whole_reply_is_charged_once_to_the_plan_and_the_key(limits, usa
         meter.charge()
     assert pending(usage) == [(1, 7, 64)]
     await limits.written()
-    after = await limits.open(who, PRO, 100, choices=1, model=MODEL, usage=usage)
+    after = await limits.open(who, PRO, HUNDRED, model=MODEL, usage=usage)
     # 71 tokens charged in place of the 100 reserved; this request holds its own 100.
     assert after.headers["x-ratelimit-remaining-tokens"] == str(20_000 - 71 - 100)
 
@@ -57,7 +60,7 @@ async def test_a_whole_reply_is_charged_once_to_the_plan_and_the_key(limits, usa
 async def test_an_error_is_charged_what_the_engine_did_and_leaves_with_the_plans_headers(
     limits, usage
 ):
-    ticket = await limits.open(caller(), PRO, 100, choices=1, model=MODEL, usage=usage)
+    ticket = await limits.open(caller(), PRO, HUNDRED, model=MODEL, usage=usage)
     with pytest.raises(ApiError) as info:
         async with ticket.charging() as meter:
             meter.count(ReplyPart(b"", 7, 12))
@@ -68,7 +71,7 @@ async def test_an_error_is_charged_what_the_engine_did_and_leaves_with_the_plans
 
 async def test_a_request_its_client_left_is_charged_and_frees_its_slot(limits, usage):
     who = caller()
-    ticket = await limits.open(who, PRO, 100, choices=1, model=MODEL, usage=usage)
+    ticket = await limits.open(who, PRO, HUNDRED, model=MODEL, usage=usage)
     with pytest.raises(asyncio.CancelledError):
         async with ticket.charging() as meter:
             meter.count(ReplyPart(b"", 9, 3))
@@ -82,7 +85,7 @@ async def test_a_failure_before_the_engine_did_anything_frees_the_slot_and_meter
     limits, usage
 ):
     who = caller()
-    ticket = await limits.open(who, PRO, 100, choices=1, model=MODEL, usage=usage)
+    ticket = await limits.open(who, PRO, HUNDRED, model=MODEL, usage=usage)
     with pytest.raises(ApiError):
         async with ticket.charging():
             raise ApiError(503, "at capacity", type="server_error", code="model_overloaded")
@@ -93,7 +96,7 @@ async def test_a_failure_before_the_engine_did_anything_frees_the_slot_and_meter
 
 async def test_a_stream_is_charged_at_its_end_not_when_the_block_is_left(limits, usage):
     who = caller()
-    ticket = await limits.open(who, PRO, 100, choices=1, model=MODEL, usage=usage)
+    ticket = await limits.open(who, PRO, HUNDRED, model=MODEL, usage=usage)
     async with ticket.charging() as meter:
         meter.count(ReplyPart(b"data: {}\n\n", 7, 1))
         meter.handed_to_stream()
@@ -107,14 +110,14 @@ async def test_a_stream_is_charged_at_its_end_not_when_the_block_is_left(limits,
 
 
 async def test_the_ticket_sets_the_plans_cap_and_priority_in_the_payload(limits, usage):
-    ticket = await limits.open(caller(), PRO, None, choices=1, model=MODEL, usage=usage)
+    ticket = await limits.open(caller(), PRO, UNBOUNDED, model=MODEL, usage=usage)
     payload: dict = {}
-    ticket.shape(payload, "max_tokens", None, MODEL)
+    ticket.shape(payload, UNBOUNDED, MODEL)
     assert payload == {"max_tokens": 4096, "priority": 10}
     payload = {"max_tokens": 50}
-    ticket.shape(payload, "max_tokens", 50, MODEL._replace(priority_scheduling=False))
+    ticket.shape(payload, ReplyLength("max_tokens", 50), MODEL._replace(priority_scheduling=False))
     assert payload == {"max_tokens": 50}  # the client's own limit, an engine with no priorities
-    fast = await limits.open(caller(), FAST, None, choices=1, model=MODEL, usage=usage)
+    fast = await limits.open(caller(), FAST, UNBOUNDED, model=MODEL, usage=usage)
     payload = {}
-    fast.shape(payload, "max_completion_tokens", None, MODEL)
+    fast.shape(payload, ReplyLength("max_completion_tokens", None), MODEL)
     assert payload["priority"] == limits.plan_limits("free").priority

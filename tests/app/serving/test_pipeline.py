@@ -12,6 +12,7 @@ from app.observability.request_record import CLIENT_CLOSED, RequestRecord
 from app.openai.chat import ChatCompletionRequest
 from app.openai.completions import CompletionRequest
 from app.openai.errors import ApiError
+from app.openai.protocol import ReplyLength
 from app.openai.responses import ResponseCreateRequest
 from app.serving.calls import ChatCall, CompletionCall
 from app.serving.pipeline import (
@@ -107,11 +108,11 @@ def test_reasoning_effort_needs_a_reasoning_parser():
 async def test_a_reply_larger_than_the_whole_plan_is_429_without_retry(limits):  # noqa: F811
     tokens_per_minute = limits.plan_limits("free").on(PRO).tokens_per_minute
     with pytest.raises(ApiError) as info:
-        limits.check_fits(caller(), PRO, tokens_per_minute + 1)
+        limits.check_fits(caller(), PRO, ReplyLength("max_tokens", tokens_per_minute + 1))
     assert info.value.status == 429
     assert info.value.headers == {"x-should-retry": "false"}
-    limits.check_fits(caller(), PRO, tokens_per_minute)
-    limits.check_fits(caller(), FAST, None)
+    limits.check_fits(caller(), PRO, ReplyLength("max_tokens", tokens_per_minute))
+    limits.check_fits(caller(), FAST, ReplyLength("max_tokens", None))
 
 
 class _Replica:
