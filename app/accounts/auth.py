@@ -278,10 +278,11 @@ _bearer = HTTPBearer(
 
 
 def bearer_token(request: Request) -> str:
-    """The token of a `Bearer` Authorization header, or a 401 naming what is wrong with it."""
+    """The token of a `Bearer` Authorization header, or without one of an `x-api-key` header
+    (Anthropic's clients send theirs so), or a 401 naming what is wrong with it."""
     headers = request.headers.getlist("authorization")
     if not headers or not headers[0]:
-        raise invalid_key(MISSING)
+        return api_key_header(request)
     # Proxies disagree on which of several to use: refuse rather than guess.
     if len(headers) > 1:
         raise invalid_key(REPEATED)
@@ -293,6 +294,16 @@ def bearer_token(request: Request) -> str:
     if not token:
         raise invalid_key(EMPTY)
     return token
+
+
+def api_key_header(request: Request) -> str:
+    """The key of the one `x-api-key` header, or the 401 of a request that carries none."""
+    keys = request.headers.getlist("x-api-key")
+    if len(keys) > 1:
+        raise invalid_key(REPEATED)
+    if not keys or not keys[0].strip():
+        raise invalid_key(MISSING)
+    return keys[0].strip()
 
 
 async def authenticate(
@@ -322,18 +333,19 @@ class AuthenticateFirst:
         self.prefix = prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The path under the app's own prefix (a Serve route_prefix is the root_path).
+        path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
         if (
             scope["type"] == "http"
             and scope["method"] in _WITH_BODY
-            # The path under the app's own prefix (a Serve route_prefix is the root_path).
-            and scope["path"].removeprefix(scope.get("root_path", "")).startswith(self.prefix)
+            and path.startswith(self.prefix)
         ):
             try:
                 caller = await self.verifier.verify(bearer_token(Request(scope)))
             except (ApiError, KeyStoreError) as exc:
                 error = store_error(exc) if isinstance(exc, KeyStoreError) else exc
                 _match_route(scope)  # the refusal is counted and logged under its route
-                await error.response()(scope, receive, send)
+                await error.response(path)(scope, receive, send)
                 return
             scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)

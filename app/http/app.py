@@ -14,13 +14,13 @@ from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.responses import ResponseStore
 from app.http.body_limit import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
 from app.http.cors import install_cors
-from app.http.routes import account, admin, chat, completions, health, responses
+from app.http.routes import account, admin, chat, completions, health, messages, responses
 from app.http.routes import models as model_routes
 from app.limits.admission import RateLimits
 from app.limits.usage_meter import UsageMeter
 from app.observability.metrics import InFlight
 from app.observability.request_record import ObservedRequests
-from app.openai.errors import install_error_handlers, validation_error
+from app.openai.errors import api_path, install_error_handlers, validation_error
 from app.serving.dispatch import ModelEndpoints
 
 
@@ -66,6 +66,7 @@ def create_api(
     api.include_router(chat.router)
     api.include_router(completions.router)
     api.include_router(responses.router)
+    api.include_router(messages.router)
     api.include_router(account.router)
     if admin_token is not None:
         api.state.admin_token = admin_token.get_secret_value().encode()
@@ -74,7 +75,7 @@ def create_api(
 
 
 def _store_error(request: Request, exc: KeyStoreError) -> JSONResponse:
-    return store_error(exc).response()
+    return store_error(exc).response(api_path(request))
 
 
 async def _refused_body(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.anthropic import envelope
 from app.observability import request_id
 
 logger = logging.getLogger("ray.serve.serviceai")
@@ -40,7 +41,16 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
 
-    def response(self) -> JSONResponse:
+    def response(self, path: str = "") -> JSONResponse:
+        """The error as a client of the API at `path` (below the app's prefix) reads it:
+        OpenAI's envelope, or under /v1/messages Anthropic's (app.anthropic.envelope)."""
+        if envelope.speaks_anthropic(path):
+            status = envelope.status_of(self.status)
+            return JSONResponse(
+                envelope.error_body(status, envelope.naming(self.message, self.param)),
+                status_code=status,
+                headers=envelope.headers_of(self.headers),
+            )
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
@@ -115,7 +125,7 @@ def validation_error(request: Request, exc: RequestValidationError) -> JSONRespo
             f"The request body must be JSON sent with 'Content-Type: application/json' "
             f"(got '{content_type[:100]}')."
         )
-    return ApiError(400, message, param=param, code=code).response()
+    return ApiError(400, message, param=param, code=code).response(api_path(request))
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -132,7 +142,7 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message, code = str(exc.detail), None
     return ApiError(
         exc.status_code, message, code=code, headers=getattr(exc, "headers", None)
-    ).response()
+    ).response(api_path(request))
 
 
 def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
@@ -150,11 +160,16 @@ def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         f"Retry, or contact us and quote request id {request_id}.",
         type="server_error",
         code="internal_error",
-    ).response()
+    ).response(api_path(request))
+
+
+def api_path(request: Request) -> str:
+    """The request's path below the app's own prefix (a Serve route_prefix is the root_path)."""
+    return request.scope["path"].removeprefix(request.scope.get("root_path", ""))
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, lambda request, exc: exc.response())
+    app.add_exception_handler(ApiError, lambda request, exc: exc.response(api_path(request)))
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import orjson
 
+from app.anthropic.messages import MessagesRequest
 from app.openai.chat import ChatCompletionRequest
 from app.openai.completions import CompletionRequest
 from app.openai.errors import ApiError
@@ -18,13 +19,14 @@ from deployments.wire import ModelInfo, ReplyPart
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
-class _GenerationCall:
-    """What chat and completions share."""
+class RelayedCall:
+    """What chat, completions and messages share: a body checked here, refused fields named,
+    and replies relayed as the replica encoded them."""
 
     api: str
     prompt_bytes = 0
 
-    def __init__(self, body: GenerationFields) -> None:
+    def __init__(self, body: GenerationFields | MessagesRequest) -> None:
         self.body = body
         self.model = body.model
         self.stream = bool(body.stream)
@@ -52,7 +54,7 @@ class _GenerationCall:
         return b"data: " + orjson.dumps(error.body()) + b"\n\n" + DONE_EVENT
 
 
-class ChatCall(_GenerationCall):
+class ChatCall(RelayedCall):
     api = "chat"
 
     def __init__(self, body: ChatCompletionRequest) -> None:
@@ -74,7 +76,7 @@ class ChatCall(_GenerationCall):
             )
 
 
-class CompletionCall(_GenerationCall):
+class CompletionCall(RelayedCall):
     api = "completion"
 
     def __init__(self, body: CompletionRequest) -> None:

@@ -28,6 +28,7 @@ from deployments.priority_gate import PriorityGate
 from deployments.vllm_engine import forced_tool_calls, replies
 from deployments.vllm_engine.completions import ChatApi, CompletionApi
 from deployments.vllm_engine.counting import CountingEngineClient
+from deployments.vllm_engine.messages import MessagesApi
 from deployments.vllm_engine.replies import ServedApi
 from deployments.wire import GenerationError, ModelInfo, ReplyPart
 
@@ -89,6 +90,7 @@ class VllmEngine:
         self._apis: dict[str, ServedApi] = {
             "chat": ChatApi(state.openai_serving_chat),
             "completion": CompletionApi(state.openai_serving_completion),
+            "messages": MessagesApi(state.anthropic_serving_messages),
         }
         self._responses: Any = None  # vLLM's Responses handler, built on first use
         self._parser = parser

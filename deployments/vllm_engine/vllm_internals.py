@@ -139,6 +139,16 @@ READ = (
         ("engine_client", "base_model_paths"),
     ),
     Surface(
+        "vllm.entrypoints.anthropic.serving",
+        "AnthropicServingMessages.create_messages",
+        "messages: Anthropic's Messages API",
+    ),
+    Surface(
+        "vllm.entrypoints.anthropic.serving",
+        "AnthropicServingMessages.count_tokens",
+        "messages: a Messages prompt's length",
+    ),
+    Surface(
         "vllm.entrypoints.launchers.api_server.app_state",
         "init_app_state",
         "engine: vLLM's serving layer, built as `vllm serve` builds it",

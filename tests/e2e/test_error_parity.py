@@ -104,6 +104,38 @@ FAULTS = [
 ]
 
 
+MESSAGES = "/v1/messages"
+ANTHROPIC_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
+MESSAGE_FAULTS = {
+    "unknown model": {"model": "ServiceAi-Nope"},
+    "a field the service does not know": {"frobnicate": 1},
+    "a reply limit beyond the whole context (and beyond the plan's minute)": {
+        "model": "ServiceAi-Pro",
+        "max_tokens": 30_000,
+    },
+    "a prompt far beyond the context": {"messages": [{"role": "user", "content": FAR_BEYOND}]},
+    "a temperature out of range": {"temperature": 3},
+    "tools on a type without a tool-call parser": {
+        "model": "ServiceAi-Coder",
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+    },
+}
+"""The same faults as Anthropic's clients send them to /v1/messages."""
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
+def test_each_fault_gets_the_same_status_and_meaning_on_the_messages_api(http, fault):
+    body = {"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "hi"}]}
+    response = http.post(MESSAGES, json={**body, "max_tokens": 4, **MESSAGE_FAULTS[fault.name]})
+    assert response.status_code == fault.status, response.text
+    error = response.json()
+    assert error["type"] == "error" and error["error"]["type"] == ANTHROPIC_TYPES[fault.status]
+    # The message names the field as Anthropic calls it (messages, max_tokens, tool_choice...).
+    openai_param = next(iter(fault.params.values()))
+    named = {"prompt": "messages", "input": "messages", "max_output_tokens": "max_tokens"}
+    assert named.get(openai_param, openai_param) in error["error"]["message"]
+
+
 def answers(http: httpx.Client, fault: Fault) -> dict[str, tuple]:
     found = {}
     for path, body in fault.requests.items():

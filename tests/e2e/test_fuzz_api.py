@@ -64,12 +64,23 @@ def sent_strings(*parts: object) -> list[str]:
     return sorted(set(found), key=len, reverse=True)
 
 
-def check_response(label: str, response: requests.Response, sent: list[str] = ()) -> None:
+def check_response(
+    label: str, response: requests.Response, sent: list[str] = (), path: str = ""
+) -> None:
+    """No 5xx; an error in its API's envelope (OpenAI's, or under /v1/messages Anthropic's)
+    that leaks nothing of the server; a stream that ends as its API's does."""
     assert response.status_code < 500, f"{label}: {response.status_code} {response.text[:500]}"
+    anthropic = path.startswith("/v1/messages")
+    # schemathesis gives each header as the list of its values.
+    streamed = (response.headers.get("content-type") or [""])[0].startswith("text/event-stream")
     if response.status_code >= 400:
         body = response.json()
-        assert set(body) == {"error"}, f"{label}: {response.text[:500]}"
-        assert set(body["error"]) == {"message", "type", "param", "code"}, f"{label}: {body}"
+        if anthropic:
+            assert set(body) == {"type", "error"} and body["type"] == "error", f"{label}: {body}"
+            assert set(body["error"]) == {"type", "message"}, f"{label}: {body}"
+        else:
+            assert set(body) == {"error"}, f"{label}: {response.text[:500]}"
+            assert set(body["error"]) == {"message", "type", "param", "code"}, f"{label}: {body}"
         assert isinstance(body["error"]["message"], str) and body["error"]["message"]
         # An error may quote what the client sent (a key id of ".py"), whole or cut short
         # (`'{name[:64]}'`): a match the client itself sent is no leak.
@@ -81,10 +92,14 @@ def check_response(label: str, response: requests.Response, sent: list[str] = ()
             if not any(match.group() in text for text in quoted)
         ]
         assert not leaks, f"{label}: {leaks} in {response.text[:500]}"
-    elif response.headers.get("content-type", [""])[0].startswith("text/event-stream"):
-        events = [line for line in response.text.splitlines() if line.startswith("data: ")]
-        assert events[-1] == "data: [DONE]", f"{label}: {events[-3:]}"
-        for event in events[:-1]:
+    elif streamed:
+        data = [line for line in response.text.splitlines() if line.startswith("data: ")]
+        if anthropic:
+            events = [line for line in response.text.splitlines() if line.startswith("event: ")]
+            assert events[-1] in ("event: message_stop", "event: error"), f"{label}: {events}"
+        elif not path.startswith("/v1/responses"):  # chat and completions end with [DONE]
+            assert data.pop() == "data: [DONE]", f"{label}: {data[-3:]}"
+        for event in data:
             json.loads(event.removeprefix("data: "))
     elif response.content:
         response.json()
@@ -122,7 +137,7 @@ def test_no_5xx_and_every_error_in_the_envelope(stack: Stack, fuzz_key: str, mod
         )
         @given(case=operation.as_strategy(generation_mode=mode))
         def fuzz(case) -> None:
-            if operation.path == "/v1/chat/completions":
+            if operation.path in ("/v1/chat/completions", "/v1/messages"):
                 cap_generation(case.body)
             response = case.call(
                 base_url=stack.origin,
@@ -132,7 +147,12 @@ def test_no_5xx_and_every_error_in_the_envelope(stack: Stack, fuzz_key: str, mod
             )
             sent[operation.label] += 1
             sent_by_client = sent_strings(case.path_parameters, case.query, case.body)
-            check_response(f"{operation.label} {case.body!r:.300}", response, sent_by_client)
+            check_response(
+                f"{operation.label} {case.body!r:.300}",
+                response,
+                sent_by_client,
+                path=operation.path,
+            )
 
         try:
             fuzz()

@@ -1,0 +1,50 @@
+"""/v1/messages: Anthropic's Messages API, whole and streamed, and its token count.
+
+A message goes through the pipeline as chat does (app.serving.messages_call holds what
+differs); every failure under this path is written in Anthropic's envelope
+(app.anthropic.envelope). Keys come as `x-api-key` or `Authorization: Bearer`.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from app.accounts.auth import Caller, authenticate
+from app.anthropic.messages import CountTokensRequest, MessagesRequest
+from app.serving.messages_call import MessagesCall
+from app.serving.pipeline import check_allowed, serve
+
+router = APIRouter(tags=["messages"])
+
+
+@router.post(
+    "/v1/messages",
+    responses={
+        200: {
+            "description": "A message, or with `stream: true` a `text/event-stream` of "
+            "Anthropic's message events.",
+            "content": {"application/json": {}, "text/event-stream": {}},
+        }
+    },
+)
+async def create_message(
+    body: MessagesRequest, request: Request, caller: Caller = Depends(authenticate)
+) -> Response:
+    return await serve(request, caller, MessagesCall(body))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(
+    body: CountTokensRequest, request: Request, caller: Caller = Depends(authenticate)
+) -> dict[str, int]:
+    """The prompt's tokens as the model type's replica renders it; it counts as a request
+    against the caller's request rate (a replica rendered it)."""
+    models = request.app.state.models
+    check_allowed(caller, models.get(body.model).name)
+    endpoint = models.resolve(body.model)
+    call = MessagesCall(body)
+    call.check_fields()
+    call.check_against_model(await endpoint.info())
+    await request.app.state.limits.refuse(caller, endpoint.name)
+    return {"input_tokens": await endpoint.prompt_tokens("messages", call.payload())}

@@ -1,0 +1,48 @@
+"""What a /v1/messages request gives the pipeline: Anthropic's Messages API on the one path.
+
+The replica's vLLM converts the request to chat and the reply back (deployments/vllm_engine/
+messages.py); the ingress checks what the gateway must decide first (fields it cannot
+honour, tools and thinking against the type) and frames a failure in a stream as Anthropic's
+`error` event, as app.anthropic.envelope frames every other failure.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from app.anthropic import envelope
+from app.anthropic.messages import MessagesRequest
+from app.openai.errors import ApiError
+from app.openai.protocol import ReplyLength
+from app.serving.calls import RelayedCall
+from app.serving.pipeline import check_tools
+from deployments.wire import ModelInfo
+
+_TOOL_CHOICES = {None: None, "auto": "auto", "none": "none", "any": "required", "tool": "named"}
+
+
+class MessagesCall(RelayedCall):
+    api = "messages"
+
+    def __init__(self, body: MessagesRequest) -> None:
+        super().__init__(body)
+        self.reply = ReplyLength("max_tokens", body.max_tokens)
+
+    def check_against_model(self, model: ModelInfo) -> None:
+        body = self.body
+        choice = (body.tool_choice or {}).get("type")
+        check_tools(model, body.tools, _TOOL_CHOICES.get(choice, choice))
+        if body.thinks and model.reasoning_parser is None:
+            raise ApiError(
+                400,
+                f"{model.name} does not reason before answering: thinking is not supported "
+                "on it; leave it out, or use a model type that reasons.",
+                param="thinking",
+                code="unsupported_parameter",
+            )
+
+    def error_event(self, error: ApiError) -> bytes:
+        """Anthropic's clients raise on an `error` event."""
+        message = envelope.naming(error.message, error.param)
+        body = envelope.error_body(envelope.status_of(error.status), message)
+        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"

@@ -1,0 +1,78 @@
+"""Anthropic's Messages API on vLLM's own handler in the replica: `AnthropicServingMessages`.
+
+vLLM converts a Messages request to a chat request, generates it with its chat serving layer
+(the type's tool-call and reasoning parsers, the grammar and the strict-JSON mend included)
+and converts the reply back: a message, or Anthropic's event stream. The ingress relays the
+bytes as chat's; a failure inside the stream (vLLM's `error` event) is raised here, for the
+ingress to frame as Anthropic's error event as it does every failure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from vllm.entrypoints.anthropic.protocol import (
+    AnthropicCountTokensRequest,
+    AnthropicMessagesRequest,
+    AnthropicMessagesResponse,
+)
+from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+from deployments.vllm_engine.replies import Event, stream_failure
+
+_ERROR_EVENT = "event: error\n"
+_LAST_EVENT = "event: message_stop\n"
+_VLLM_ONLY = {"kv_transfer_params", "ec_transfer_params"}
+
+
+class MessagesApi:
+    """POST /v1/messages on vLLM's Anthropic handler."""
+
+    request_type = AnthropicMessagesRequest
+    prompt_param = "messages"
+
+    def __init__(self, serving: AnthropicServingMessages) -> None:
+        self._serving = serving
+
+    def create(self, request: AnthropicMessagesRequest) -> Any:
+        return self._serving.create_messages(request)
+
+    def create_error_response(self, error: Exception) -> ErrorResponse:
+        return self._serving.create_error_response(error)
+
+    def schema_param(self, body: dict[str, Any]) -> str:
+        return "tools"
+
+    def body(self, result: AnthropicMessagesResponse, request: Any) -> bytes:
+        return result.model_dump_json(exclude=_VLLM_ONLY, exclude_none=True).encode()
+
+    async def events(self, stream: AsyncIterator[str]) -> AsyncIterator[Event]:
+        """Anthropic's events as vLLM writes them; its `error` event is raised."""
+        try:
+            async for event in stream:
+                if event.startswith(_ERROR_EVENT):
+                    raise stream_failure(RuntimeError(_error_message(event)))
+                yield Event(event.encode(), last=event.startswith(_LAST_EVENT))
+        finally:
+            await stream.aclose()
+
+    async def prompt_tokens(self, request: AnthropicMessagesRequest) -> int | ErrorResponse:
+        """The prompt's tokens as vLLM's count_tokens renders it."""
+        counted = await self._serving.count_tokens(
+            AnthropicCountTokensRequest.model_validate(
+                request.model_dump(include=set(AnthropicCountTokensRequest.model_fields))
+            )
+        )
+        return counted if isinstance(counted, ErrorResponse) else counted.input_tokens
+
+
+def _error_message(event: str) -> str:
+    """The message of vLLM's `event: error` (its data line), or the event itself."""
+    data = event.partition("data: ")[2].strip()
+    try:
+        return json.loads(data)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return event[:500]

@@ -1,0 +1,119 @@
+"""Anthropic's Messages API through Anthropic's own Python SDK: create, stream, system, forced
+tools and their result turn, count_tokens, and Anthropic's error classes, on the shared stack."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import pytest
+
+from tests.conftest import Stack
+
+FAST = "ServiceAi-Fast"
+HI = [{"role": "user", "content": "hi"}]
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def claude(stack: Stack) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=stack.origin, api_key=stack.api_key, max_retries=0)
+
+
+def test_a_message_is_anthropics_shape_with_the_engines_usage(claude):
+    message = claude.messages.create(model=FAST, max_tokens=8, messages=HI, system="Be brief.")
+    assert (message.type, message.role, message.model) == ("message", "assistant", FAST)
+    assert message.content[0].type == "text"
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    assert message.usage.input_tokens > 0 and 0 < message.usage.output_tokens <= 8
+    counted = claude.messages.count_tokens(model=FAST, messages=HI, system="Be brief.")
+    assert counted.input_tokens == message.usage.input_tokens
+
+
+def test_a_stream_is_anthropics_event_sequence_and_its_final_message(claude, stack: Stack):
+    with claude.messages.stream(model=FAST, max_tokens=12, messages=HI) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.content[0].text == text
+    assert final.usage.output_tokens > 0 and final.stop_reason in ("end_turn", "max_tokens")
+    with httpx.stream(
+        "POST",
+        f"{stack.origin}/v1/messages?beta=true",
+        headers={"x-api-key": stack.api_key, "anthropic-version": "2023-06-01"},
+        json={"model": FAST, "max_tokens": 4, "messages": HI, "stream": True},
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200
+        events = [line[7:] for line in response.iter_lines() if line.startswith("event: ")]
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert "content_block_start" in events and "message_delta" in events
+
+
+def test_a_forced_tool_is_called_with_input_that_holds_to_its_schema_and_its_result_goes_back(
+    claude,
+):
+    message = claude.messages.create(
+        model=FAST,
+        max_tokens=200,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    assert message.stop_reason == "tool_use"
+    (call,) = [block for block in message.content if block.type == "tool_use"]
+    assert call.name == "get_weather" and isinstance(call.input["city"], str)
+    assert len(call.input["city"]) <= 12
+    answer = claude.messages.create(
+        model=FAST,
+        max_tokens=8,
+        tools=[WEATHER],
+        messages=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [call.model_dump(exclude={"caller"})]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "Sunny"}],
+            },
+        ],
+        tool_choice={"type": "none"},
+    )
+    assert answer.content and answer.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_failures_are_anthropics_error_classes_in_its_envelope(claude, stack: Stack):
+    stranger = anthropic.Anthropic(base_url=stack.origin, api_key="sai-wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        stranger.messages.create(model=FAST, max_tokens=4, messages=HI)
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        claude.messages.create(model="ServiceAi-Nope", max_tokens=4, messages=HI)
+    assert missing.value.body["type"] == "error"
+    assert missing.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(
+            model=FAST, max_tokens=4, messages=HI, extra_body={"container": "c1"}
+        )
+    assert "container" in refused.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as thinking:
+        claude.messages.create(
+            model=FAST,
+            max_tokens=64,
+            messages=HI,
+            thinking={"type": "enabled", "budget_tokens": 32},
+        )
+    assert "thinking" in thinking.value.body["error"]["message"]
+    response = httpx.post(
+        f"{stack.origin}/v1/messages",
+        headers={"x-api-key": stack.api_key},
+        json={"model": FAST, "messages": HI},
+        timeout=30,
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in response.json()["error"]["message"]
