@@ -52,6 +52,7 @@ class Ingress:
             created=int(time.time()),
             scale_to_zero=config.scale_to_zero_types(),
             feed_min_streams=settings.stream_feed_min_streams,
+            aliases=config.model_aliases,
         )
         store = await open_store(settings)
         self._keys = KeyVerifier(

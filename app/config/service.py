@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from app.accounts.keystore.schemas import DEFAULT_PLAN
 from app.limits.plans import Plans
+from deployments.catalog import LOGICAL_MODEL_TYPES
 from deployments.model_type import AutoscalingOptions, ModelTypeConfig
 
 
@@ -100,6 +101,29 @@ class ServiceConfig(BaseModel):
         "(separate_model_apps, models_app) their names will do, and keep this application's "
         "args, hence its replicas, unchanged when a type's entry changes.",
     )
+
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="Other names a request's `model` may use for a model type: a name, or a "
+        "shell-style pattern ('claude-*haiku*'), mapped to the type's name; the first that "
+        "matches, in order, wins. Clients with model ids of their own (Claude Code's "
+        "`claude-...`) then reach a type without a change; any other name stays a 404.",
+    )
+
+    @model_validator(mode="after")
+    def _aliases_name_model_types(self) -> ServiceConfig:
+        # A logical type this config leaves out (a smaller local setup) keeps its aliases: a
+        # request by one of them is a 404, as by the type's own name.
+        names = {m.name for m in self.model_types} | set(LOGICAL_MODEL_TYPES)
+        for alias, target in self.model_aliases.items():
+            if target not in names:
+                raise ValueError(
+                    f"model_aliases: {alias!r} names {target!r}, which is not a model type "
+                    f"(types: {', '.join(sorted(names))})"
+                )
+            if alias in names:
+                raise ValueError(f"model_aliases: {alias!r} is a model type's own name")
+        return self
 
     @model_validator(mode="after")
     def _one_place_for_the_models(self) -> ServiceConfig:

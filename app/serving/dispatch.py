@@ -7,6 +7,7 @@ queues, no healthy replica) to the API errors a client gets.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 import time
 import weakref
@@ -232,10 +233,13 @@ class ModelEndpoints:
         created: int,
         scale_to_zero: frozenset[str] | None = frozenset(),
         feed_min_streams: int = 0,
+        aliases: Mapping[str, str] | None = None,
     ) -> None:
         """`scale_to_zero`: the types the config says scale to zero, or None where the config
-        does not describe them (another application deploys them); Serve's word comes first."""
+        does not describe them (another application deploys them); Serve's word comes first.
+        `aliases`: other names (or shell-style patterns) for the types, in order."""
         self.created = created
+        self._aliases = dict(aliases or {})
         self._endpoints = {
             name: ModelEndpoint(name, h, feed_min_streams) for name, h in handles.items()
         }
@@ -247,8 +251,9 @@ class ModelEndpoints:
         return list(self._endpoints)
 
     def get(self, model: str) -> ModelEndpoint:
-        """The endpoint of a model type, healthy or not; 404 for an unknown model."""
-        endpoint = self._endpoints.get(model)
+        """The endpoint of a model type (by its name or an alias), healthy or not; 404 for an
+        unknown model."""
+        endpoint = self._endpoints.get(model) or self._aliased(model)
         if endpoint is None:
             raise ApiError(
                 404,
@@ -259,6 +264,15 @@ class ModelEndpoints:
             )
         return endpoint
 
+    def _aliased(self, model: str) -> ModelEndpoint | None:
+        target = self._aliases.get(model)
+        if target is None:
+            target = next(
+                (t for alias, t in self._aliases.items() if fnmatch.fnmatchcase(model, alias)),
+                None,
+            )
+        return None if target is None else self._endpoints.get(target)
+
     def resolve(self, model: str) -> ModelEndpoint:
         """The endpoint to dispatch to: 404 for an unknown model, 503 when it has no replica.
 
@@ -268,10 +282,10 @@ class ModelEndpoints:
         """
         endpoint = self.get(model)
         count = running_replicas(endpoint.handle)
-        if count == 0 and self._scales_to_zero(model) is False:
-            raise unavailable(model)
+        if count == 0 and self._scales_to_zero(endpoint.name) is False:
+            raise unavailable(endpoint.name)
         if count:
-            self._has_served.add(model)
+            self._has_served.add(endpoint.name)
         return endpoint
 
     def _scales_to_zero(self, model: str) -> bool | None:

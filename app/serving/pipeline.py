@@ -79,6 +79,7 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     limits.check_fits(caller, endpoint.name, call.reply)
     await call.prepare()
     payload = call.payload()
+    payload["model"] = endpoint.name  # the replica serves the type's name, not an alias
     prompt_bytes = len(await request.body()) + call.prompt_bytes
     await check_prompt_length(limits, caller, endpoint, model, call.api, payload, prompt_bytes)
     ticket = await limits.open(

@@ -37,6 +37,15 @@ def test_a_message_is_anthropics_shape_with_the_engines_usage(claude):
     assert counted.input_tokens == message.usage.input_tokens
 
 
+def test_claude_codes_own_model_ids_reach_the_types_the_config_maps_them_to(claude):
+    """serve_config.yaml's model_aliases: claude-*haiku* is Fast, any other claude-* is Pro."""
+    haiku = claude.messages.create(model="claude-haiku-4-5-20251001", max_tokens=2, messages=HI)
+    sonnet = claude.messages.create(model="claude-sonnet-4-5-20250929", max_tokens=2, messages=HI)
+    assert (haiku.model, sonnet.model) == (FAST, "ServiceAi-Pro")
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.create(model="gpt-4o", max_tokens=2, messages=HI)
+
+
 def test_a_stream_is_anthropics_event_sequence_and_its_final_message(claude, stack: Stack):
     with claude.messages.stream(model=FAST, max_tokens=12, messages=HI) as stream:
         text = "".join(stream.text_stream)

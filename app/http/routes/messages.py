@@ -47,4 +47,5 @@ async def count_tokens(
     call.check_fields()
     call.check_against_model(await endpoint.info())
     await request.app.state.limits.refuse(caller, endpoint.name)
-    return {"input_tokens": await endpoint.prompt_tokens("messages", call.payload())}
+    payload = {**call.payload(), "model": endpoint.name}
+    return {"input_tokens": await endpoint.prompt_tokens("messages", payload)}

@@ -44,6 +44,19 @@ def test_duplicate_model_types_are_refused():
         ServiceConfig.model_validate(args)
 
 
+@pytest.mark.parametrize(
+    ("aliases", "refused"),
+    [
+        ({"claude-*": "ServiceAi-Nope"}, "not a model type"),
+        ({"ServiceAi-Pro": "ServiceAi-Fast"}, "own name"),
+    ],
+)
+def test_an_alias_must_name_a_model_type_and_shadow_none(aliases, refused):
+    args = {**app_args(), "model_aliases": aliases}
+    with pytest.raises(ValidationError, match=refused):
+        ServiceConfig.model_validate(args)
+
+
 def test_ingress_environment_goes_to_its_runtime_env():
     args = app_args()
     args["ingress"]["env_vars"] = {"SERVICEAI_DATABASE_URL": "${DATABASE_URL}"}

@@ -79,6 +79,18 @@ def test_router_404_lists_models_and_503_without_replicas(monkeypatch):
     assert router.resolve("B").name == "B"
 
 
+def test_an_alias_or_a_pattern_reaches_its_type_and_anything_else_is_404(monkeypatch):
+    monkeypatch.setattr("app.serving.dispatch.running_replicas", lambda h: 1)
+    aliases = {"claude-*haiku*": "A", "claude-*": "B", "gpt-4o": "A"}
+    router = ModelEndpoints({n: FakeHandle(n) for n in "AB"}, created=1, aliases=aliases)
+    assert router.resolve("claude-3-5-haiku-20241022").name == "A"
+    assert router.resolve("claude-sonnet-4-5-20250929").name == "B"  # first match in order
+    assert router.get("gpt-4o").name == "A"
+    with pytest.raises(ApiError) as info:
+        router.get("gpt-4o-mini")
+    assert info.value.status == 404 and info.value.message.endswith("Available models: A, B.")
+
+
 def test_running_replicas_of_an_unused_handle_is_unknown():
     assert running_replicas(FakeHandle("A")) is None
 
