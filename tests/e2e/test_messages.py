@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import Stack
+from tests.e2e.test_key_scopes import scoped_key
 
 FAST = "ServiceAi-Fast"
 HI = [{"role": "user", "content": "hi"}]
@@ -126,3 +127,21 @@ def test_failures_are_anthropics_error_classes_in_its_envelope(claude, stack: St
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in response.json()["error"]["message"]
+
+
+def test_a_key_scoped_elsewhere_or_past_its_rate_gets_anthropics_classes(stack: Stack):
+    """The same scopes and limits as every API: a key for Coder only, 2 requests a minute."""
+    key = scoped_key(stack, "--models", "ServiceAi-Coder", "--requests-per-minute", "2")
+    client = anthropic.Anthropic(base_url=stack.origin, api_key=key["key"], max_retries=0)
+    with pytest.raises(anthropic.PermissionDeniedError) as denied:
+        client.messages.create(model=FAST, max_tokens=2, messages=HI)
+    assert denied.value.body["error"]["type"] == "permission_error"
+    assert "ServiceAi-Coder" in denied.value.body["error"]["message"]
+    for _ in range(2):
+        client.messages.create(model="ServiceAi-Coder", max_tokens=2, messages=HI)
+    with pytest.raises(anthropic.RateLimitError) as limited:
+        client.messages.create(model="ServiceAi-Coder", max_tokens=2, messages=HI)
+    headers = limited.value.response.headers
+    assert limited.value.body["error"]["type"] == "rate_limit_error"
+    assert int(headers["retry-after"]) > 0
+    assert headers["anthropic-ratelimit-requests-remaining"] == "0"
