@@ -91,6 +91,36 @@ def model_line(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def processes_table(summary: dict[str, Any], n: int) -> str:
+    """The service with one serving process and with `n` (deployments/serving_processes.py),
+    each against the bare vLLM runs of its own phase; CPU per output token by process."""
+    r, key = summary["results"], f"ours-p{n}"
+    lines = [
+        f"Serving processes, {summary['date']}: {summary['machine']}",
+        "",
+        "| c | server | tok/s (x bare) | TTFT p50 (x bare) | ITL p99 (x bare) "
+        "| front end us/token | by process |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for c in _concurrencies(summary):
+        for name in ("ours", key):
+            o, b = r.get(f"{name}-c{c}"), r.get(f"{bare_key(name)}-c{c}")
+            if not o or not b:
+                continue
+            per = o.get("front_end_us_per_token")
+            roles = o.get("us_per_token_by_process", {})
+            lines.append(
+                f"| {c} | {name} | {o['output_throughput']:.0f} "
+                f"({o['output_throughput'] / b['output_throughput']:.2f}) | "
+                f"{o['median_ttft_ms']:.1f} ({o['median_ttft_ms'] / b['median_ttft_ms']:.2f}) | "
+                f"{o['p99_itl_ms']:.1f} ({o['p99_itl_ms'] / b['p99_itl_ms']:.2f}) | "
+                f"{'' if per is None else f'{per:.0f}'} | "
+                + ", ".join(f"{role} {v:.0f}" for role, v in sorted(roles.items()))
+                + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def serving_table(summary: dict[str, Any]) -> str:
     r = summary["results"]
     lines = [

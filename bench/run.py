@@ -32,7 +32,6 @@ from typing import Any
 
 from bench import cpu_profile, report
 from bench.servers import (
-    FRONT_ENDS,
     PROJECT_ROOT,
     BenchTarget,
     Server,
@@ -40,6 +39,7 @@ from bench.servers import (
     bare_vllm,
     bench_target,
     free_port,
+    front_end,
     ray_serve_llm,
     replica_pids,
     serviceai,
@@ -139,6 +139,17 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
     per_token = [r["front_end_us_per_token"] for r in runs if "front_end_us_per_token" in r]
     if per_token:
         medians["front_end_us_per_token"] = statistics.median(per_token)
+    # Each front-end process's share: the hottest one sets a single engine's ceiling.
+    by_role = [
+        {role: 1e6 * s / r["total_output_tokens"] for role, s in r["front_end_cpu_s"].items()}
+        for r in runs
+        if "front_end_cpu_s" in r
+    ]
+    if by_role:
+        medians["us_per_token_by_process"] = {
+            role: round(statistics.median(d[role] for d in by_role if role in d), 1)
+            for role in by_role[0]
+        }
     return medians
 
 
@@ -150,6 +161,7 @@ def run_mode(
     profile: bool,
     ray_llm: bool,
     cpu: bool = True,
+    serving_processes: int = 1,
 ) -> dict[str, Any]:
     """Bare vLLM against this service, then (with `ray_llm`) against each mode of Ray Serve LLM.
 
@@ -163,6 +175,18 @@ def run_mode(
     contenders: dict[str, Callable[[], AbstractContextManager[Server]]] = {
         "ours": lambda: serviceai(target, free_port(), raw, SERVE_ENV)
     }
+    if serving_processes > 1:
+        # The same service with its model replica's serving layer in N processes
+        # (deployments/serving_processes.py), beside "ours" (one) in the same run.
+        contenders[f"ours-p{serving_processes}"] = partial(
+            serviceai,
+            target,
+            free_port(),
+            raw,
+            SERVE_ENV,
+            {"serving_processes": serving_processes, "serving_process_cpus": 0.25},
+            f"serviceai-p{serving_processes}.log",
+        )
     if ray_llm:
         for name, direct in RAY_LLM_MODES.items():
             contenders[name] = partial(ray_serve_llm, target, free_port(), raw, direct)
@@ -193,7 +217,7 @@ def run_mode(
                                 else {}
                             )
                             if not profiling:  # counters alone: the front ends, unperturbed
-                                pids = {r: p for r, p in pids.items() if r in FRONT_ENDS}
+                                pids = {r: p for r, p in pids.items() if front_end(r)}
                             with cpu_profile.cpu_profile(pids, raw, sample=profiling) as prof:
                                 result = vllm_bench(
                                     server,
@@ -208,9 +232,7 @@ def run_mode(
                                 profiles[f"{key}-c{concurrency}"] = prof.summary()
                             if counting:
                                 result["front_end_cpu_s"] = prof.cpu_seconds
-                                front = sum(
-                                    v for r, v in prof.cpu_seconds.items() if r in FRONT_ENDS
-                                )
+                                front = sum(v for r, v in prof.cpu_seconds.items() if front_end(r))
                                 result["front_end_us_per_token"] = (
                                     1e6 * front / result["total_output_tokens"]
                                 )
@@ -290,6 +312,13 @@ def parser() -> argparse.ArgumentParser:
         help="also measure Ray Serve LLM (default and direct streaming) against bare vLLM",
     )
     parser.add_argument(
+        "--serving-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="also measure the service with N serving processes per engine (its own phase)",
+    )
+    parser.add_argument(
         "--serve-env",
         action="append",
         default=[],
@@ -335,7 +364,12 @@ def main() -> None:
     spec, target = run_plan(args, gpu=bool(report.gpu_names()))
     # docs/performance.md's tables and latest-*.md are `make bench`'s: the tiny model at the
     # spec's runs.
-    standard = args.model is None and args.concurrency is None and not args.engine_args
+    standard = (
+        args.model is None
+        and args.concurrency is None
+        and not args.engine_args
+        and args.serving_processes == 1
+    )
     SERVE_ENV.update(item.split("=", 1) for item in args.serve_env)
     RESULTS.mkdir(parents=True, exist_ok=True)
     with open(STACK_LOCK, "w") as lock:
@@ -345,7 +379,14 @@ def main() -> None:
         )
         fcntl.flock(lock, fcntl.LOCK_EX)
         summary = run_mode(
-            args.mode, spec, target, args.rounds, args.profile, args.ray_llm, args.cpu
+            args.mode,
+            spec,
+            target,
+            args.rounds,
+            args.profile,
+            args.ray_llm,
+            args.cpu,
+            args.serving_processes,
         )
     if args.mode == "serving":
         table = report.serving_table(summary)
@@ -356,14 +397,17 @@ def main() -> None:
         if standard:
             report.serving_chart(summary, report.CHART)
             report.update_doc(PERFORMANCE_DOC, summary, table)
-        if ray_table:
-            print(ray_table)
+        extra = ray_table
+        if args.serving_processes > 1:
+            extra += report.processes_table(summary, args.serving_processes)
+        if extra:
+            print(extra)
     else:
-        table, ray_table = report.gateway_table(summary), ""
+        table, extra = report.gateway_table(summary), ""
     if standard:
         (RESULTS / f"latest-{args.mode}.md").write_text(table)
     else:
-        (RESULTS / f"{summary['date']}-{args.mode}.md").write_text(table + ray_table)
+        (RESULTS / f"{summary['date']}-{args.mode}.md").write_text(table + extra)
     print(table)
 
 

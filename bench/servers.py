@@ -449,6 +449,9 @@ def _replica_pids_once(server: Server) -> tuple[dict[str, int], tuple[str, int, 
             found[role] = proc.pid
             if engines:
                 found["engine_core"] = engines[0].pid
+        elif cmdline.startswith("ray::ServingProcess"):
+            # A model replica's further serving processes (deployments/serving_processes.py).
+            found[f"serving_{sum(r.startswith('serving_') for r in found) + 1}"] = proc.pid
         elif cmdline.startswith("ray::ProxyActor"):
             found["proxy"] = proc.pid
         elif cmdline.startswith("ray::HAProxyManager"):
@@ -480,4 +483,9 @@ def _is_engine_core(process: psutil.Process) -> bool:
 
 FRONT_ENDS = {"ingress", "model", "proxy", "haproxy", "api_server"}
 """The roles on the serving path that are neither the engine core nor its worker: a model
-replica's or api_server's engine children are not counted with them (cpu_profile)."""
+replica's or api_server's engine children are not counted with them (cpu_profile); with the
+model replica's serving processes (`serving_1`, ...: `front_end`)."""
+
+
+def front_end(role: str) -> bool:
+    return role in FRONT_ENDS or role.startswith("serving_")

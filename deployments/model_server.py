@@ -17,11 +17,13 @@ from ray import serve
 from ray.serve import Application
 
 from deployments import ray_internals
+from deployments.engine_serving import EngineServing
 from deployments.feed_hub import FeedHub, FeedItem
 from deployments.garbage_collection import collect_less_often
 from deployments.model_type import TINY_MODEL, ModelTypeConfig, tiny_model_dir
 from deployments.replica_log import kept_through_logging_setup
-from deployments.wire import EngineUnavailable, GenerationError, ModelInfo, ReplyPart
+from deployments.serving_processes import ServingProcesses
+from deployments.wire import ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve")
 
@@ -46,65 +48,87 @@ class ModelServer:
 
             model = str(ensure(tiny_model_dir()))
         logger.info("Starting the engine of %s", config.name)
+        processes = None
+        if config.serving_processes > 1:
+            processes = ServingProcesses(config, model)
         with kept_through_logging_setup():
             self._engine = await VllmEngine.start(
                 config.name,
                 config.engine_kwargs(model),
-                tool_call_parser=config.tool_call_parser,
-                reasoning_parser=config.reasoning_parser,
-                chat_template=config.chat_template,
-                tool_strict_level=config.tool_strict_level,
-                reserved_slots=config.reserved_slots,
-                busy_stream_interval=config.busy_stream_interval,
+                **engine_options(config),
+                serving_processes=config.serving_processes,
+                start_others=processes.start if processes else None,
             )
         self._feeds = FeedHub(config.max_ongoing_requests)
         self._replica = serve.get_replica_context().replica_id.unique_id
-        logger.info("%s ready: max_model_len=%d", config.name, self._engine.max_model_len)
+        self._serving = EngineServing(self._engine, self._feeds, self._replica)
+        self._processes = processes
+        if processes is not None:
+            await processes.ready(self._engine)
+        logger.info(
+            "%s ready: max_model_len=%d, %d serving process(es)",
+            config.name,
+            self._engine.max_model_len,
+            config.serving_processes,
+        )
 
     async def stream(
         self, api: str, body: dict, ingress: str | None = None, key: int = 0
     ) -> AsyncIterator[ReplyPart]:
         """A streamed request of `api` from ingress replica `ingress` (its request `key`):
         batches of SSE events, or, while that ingress has a feed open here, the first part
-        alone and the rest on the feed (its failure too, in order)."""
+        alone and the rest on the feed (deployments.engine_serving), from this process or the
+        least busy of its serving processes (deployments.serving_processes)."""
+        processes = self._processes
+        if processes is None:
+            async for part in self._serving.stream(api, body, ingress, key):
+                yield part
+            return
+        index = processes.pick()
+        if index == 0:
+            async for part in processes.own(self._serving.stream(api, body, ingress, key)):
+                yield part
+            return
         feed = self._feeds.of(ingress)
-        if feed is None:
-            parts = self._engine.serve(api, body)
+        if feed is not None:
+            feed.members.add(key)  # the serving process's parts come on this feed
+        parts = self._engine.gated(api, body, processes.stream(index, api, body, ingress, key))
+        try:
             first = await anext(parts)
             yield first._replace(replica=self._replica) if self._feeds.accepts else first
             async for part in parts:
                 yield part
-            return
-        feed.members.add(key)  # from here on the feed stays open, however long the prefill
-        parts = self._engine.serve(api, body, batched=False)
-        try:
-            first = await anext(parts)
-            if first.last:
-                yield first
-                return
-            yield first._replace(replica=self._replica, via_feed=True)
-            try:
-                async for part in parts:
-                    feed.put(key, part)
-            except GenerationError as error:
-                feed.put(key, error)
         finally:
-            feed.members.discard(key)
+            if feed is not None:
+                feed.members.discard(key)
             await parts.aclose()
 
     async def feed(self, ingress: str, feed_for: str) -> AsyncIterator[list[FeedItem]]:
-        """The feed of ingress replica `ingress` (`feed_for`, this replica, routes it here)."""
-        async for batch in self._feeds.serve(ingress):
-            yield batch
+        """The feed of ingress replica `ingress` (`feed_for`, this replica, routes it here),
+        with the feeds of this replica's serving processes relayed onto it."""
+        relays = (
+            [] if self._processes is None else self._processes.relay_feeds(ingress, self._feeds)
+        )
+        try:
+            async for batch in self._serving.feed(ingress):
+                yield batch
+        finally:
+            for relay in relays:
+                relay.cancel()
 
     async def reply(self, api: str, body: dict) -> AsyncIterator[ReplyPart]:
         """A whole request of `api`: the token counts so far every second or so while the
         engine works (parts without data), then the JSON body, in parts up to its `last`."""
-        async for part in self._engine.serve(api, body):
+        processes = self._processes
+        index = 0 if processes is None else processes.pick()
+        if processes is None:
+            parts = self._serving.reply(api, body)
+        elif index == 0:
+            parts = processes.own(self._serving.reply(api, body))
+        else:
+            parts = self._engine.gated(api, body, processes.reply(index, api, body))
+        async for part in parts:
             yield part
-            if part.last:
-                return
-        raise EngineUnavailable("The model engine ended the request without a reply.")
 
     async def info(self) -> ModelInfo:
         return self._engine.info()
@@ -115,12 +139,20 @@ class ModelServer:
         return await self._engine.prompt_tokens(api, body)
 
     async def running_requests(self) -> int:
-        """Requests the engine still holds; tests use it to prove that aborts free the engine."""
-        return self._engine.running_requests()
+        """Requests the engine still holds, from every serving process; tests use it to prove
+        that aborts free the engine."""
+        own = self._engine.running_requests()
+        return own if self._processes is None else own + await self._processes.running_requests()
 
-    async def process_ids(self) -> tuple[int, tuple[int, ...]]:
-        """This replica's pid and its engine cores' pids; tests kill them to prove recovery."""
-        return os.getpid(), self._engine.core_pids()
+    async def serving_processes(self) -> list[int]:
+        """Requests sent to each serving process so far (the first: this replica's own)."""
+        return [1] if self._processes is None else list(self._processes.served)
+
+    async def process_ids(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        """This replica's pid, its engine cores' pids and its serving processes' pids; tests
+        kill them to prove recovery."""
+        helpers = () if self._processes is None else tuple(self._processes.pids)
+        return os.getpid(), self._engine.core_pids(), helpers
 
     def record_routing_stats(self) -> dict[str, int]:
         """What the ingress's request router learns of this replica: the size of its prefix
@@ -129,11 +161,28 @@ class ModelServer:
 
     async def check_health(self) -> None:
         await self._engine.check_health()
+        if self._processes is not None:
+            await self._processes.check_health()
 
     def __del__(self) -> None:
+        processes = getattr(self, "_processes", None)
+        if processes is not None:
+            processes.stop()
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
+
+
+def engine_options(config: ModelTypeConfig) -> dict[str, Any]:
+    """The model type's options of `VllmEngine.start`, beside its engine args."""
+    return {
+        "tool_call_parser": config.tool_call_parser,
+        "reasoning_parser": config.reasoning_parser,
+        "chat_template": config.chat_template,
+        "tool_strict_level": config.tool_strict_level,
+        "reserved_slots": config.reserved_slots,
+        "busy_stream_interval": config.busy_stream_interval,
+    }
 
 
 def build_model_app(config: ModelTypeConfig) -> Application:

@@ -121,6 +121,18 @@ class ModelTypeConfig(BaseModel):
         "(deployments.priority_gate). 1: token by token always.",
     )
 
+    serving_processes: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Processes that run vLLM's serving layer over each replica's one engine "
+        "(as `vllm serve --api-server-count`): the replica and N-1 beside it on its node "
+        "(deployments.serving_processes). More lift the ceiling one Python process sets on a "
+        "small model's throughput on a fast GPU.",
+    )
+    serving_process_cpus: float = Field(
+        1.0, gt=0, description="CPUs reserved for each serving process beyond the replica's."
+    )
     num_replicas: int | None = Field(None, ge=0)
     autoscaling_config: AutoscalingOptions = None
     max_ongoing_requests: int = Field(64, ge=1)
@@ -190,6 +202,9 @@ class ModelTypeConfig(BaseModel):
             raise ValueError("accelerator_type needs num_gpus_per_shard > 0")
         if self.tensor_parallel_size > 1 and self.num_gpus_per_shard != 1:
             raise ValueError("tensor_parallel_size > 1 needs num_gpus_per_shard: 1")
+        if self.serving_processes > 1 and not self.num_cpus:
+            # The replica then has a placement group, whose first bundle may not be empty.
+            raise ValueError("serving_processes > 1 needs num_cpus > 0")
         max_num_seqs = self.engine_args.get("max_num_seqs")
         if (
             isinstance(max_num_seqs, int)
@@ -247,21 +262,34 @@ class ModelTypeConfig(BaseModel):
                 actor_options["num_gpus"] = self.num_gpus_per_shard
             if self.accelerator_type:
                 actor_options["accelerator_type"] = self.accelerator_type
-        else:
+        if self.tensor_parallel_size > 1 or self.serving_processes > 1:
             # vLLM's Ray executor starts one worker (1 GPU, 0 CPU) in each bundle that has a GPU;
-            # Serve pins the replica, which holds no GPU, to bundle 0. STRICT_PACK keeps every
-            # shard of one replica on one node (NVLink), as tensor parallelism needs.
-            options["placement_group_bundles"] = self._tensor_parallel_bundles()
+            # Serve pins the replica, which then holds no GPU, to bundle 0. The serving
+            # processes take the bundles after the shards'. STRICT_PACK keeps a replica on one
+            # node: tensor parallelism needs NVLink, and the serving processes reach the engine
+            # core by IPC sockets.
+            options["placement_group_bundles"] = self._bundles()
             options["placement_group_strategy"] = "STRICT_PACK"
         return options
 
-    def _tensor_parallel_bundles(self) -> list[dict[str, float]]:
-        shard: dict[str, float] = {"GPU": 1.0}
-        if self.accelerator_type:
-            shard[f"accelerator_type:{self.accelerator_type}"] = 0.001
-        bundles = [dict(shard) for _ in range(self.tensor_parallel_size)]
-        bundles[0]["CPU"] = self.num_cpus
-        return bundles
+    def _bundles(self) -> list[dict[str, float]]:
+        """The replica's (with its GPU when it has one shard), each further shard's, then each
+        further serving process's."""
+        if self.tensor_parallel_size == 1:
+            first: dict[str, float] = {"CPU": self.num_cpus}
+            if self.num_gpus_per_shard:
+                first["GPU"] = self.num_gpus_per_shard
+            if self.accelerator_type:
+                first[f"accelerator_type:{self.accelerator_type}"] = 0.001
+            bundles = [first]
+        else:
+            shard: dict[str, float] = {"GPU": 1.0}
+            if self.accelerator_type:
+                shard[f"accelerator_type:{self.accelerator_type}"] = 0.001
+            bundles = [dict(shard) for _ in range(self.tensor_parallel_size)]
+            bundles[0]["CPU"] = self.num_cpus
+        helpers = [{"CPU": self.serving_process_cpus}] * (self.serving_processes - 1)
+        return bundles + [dict(b) for b in helpers]
 
     def engine_kwargs(self, model_path: str) -> dict[str, Any]:
         """Keyword arguments for vLLM's AsyncEngineArgs."""

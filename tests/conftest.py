@@ -215,7 +215,7 @@ def stack(stack_lock: None) -> Iterator[Stack]:
         # The local profile's address (127.0.0.1), so tests/e2e/test_exposure.py checks it.
         host = yaml.safe_load(SERVE_CONFIG.read_text())["http_options"]["host"]
         serve.start(http_options={"host": host, "port": port})
-        serve.run(build_app(app_args()), name=APP_NAME, route_prefix="/")
+        serve.run(build_app(stack_app_args()), name=APP_NAME, route_prefix="/")
         origin = f"http://127.0.0.1:{port}"
         _wait_until_every_type_answers(origin, api_key)
         yield Stack(
@@ -244,6 +244,21 @@ def stack(stack_lock: None) -> Iterator[Stack]:
             os.environ.pop(name, None)
         shutil.rmtree(ray_dir, ignore_errors=True)
         shutil.rmtree(store_dir, ignore_errors=True)
+
+
+PROCESSES_TYPE = "ServiceAi-Pro"
+"""The type the stack serves with two serving processes (deployments/serving_processes.py)."""
+
+
+def stack_app_args() -> dict[str, Any]:
+    """The local profile's app, with ServiceAi-Pro on two serving processes over its engine:
+    every test of Pro (the Messages API's aliases land there too) runs through both, and the
+    engine-death tests kill a core that two processes share."""
+    args = app_args()
+    for model_type in args["model_types"]:
+        if model_type["name"] == PROCESSES_TYPE:
+            model_type.update(serving_processes=2, serving_process_cpus=0.25)
+    return args
 
 
 def _wait_until_every_type_answers(origin: str, api_key: str, timeout_s: float = 60) -> None:

@@ -3,7 +3,9 @@
 # bare (:8100) and the service (:8000) in turn at each concurrency. JSON results to $RES (default
 # /tmp/results); a run already there is skipped, so a later call picks up where one ran out of
 # time. DEADLINE: epoch seconds after which no run starts; ROUNDS: interleaved repetitions;
-# CONCS: concurrency:prompts pairs. Runs at c >= 128 also sample CPU per process (cpu_snap.py).
+# CONCS: concurrency:prompts pairs; SERVERS: label:port:model triples (default bare vLLM on
+# :8100 and the service on :8000, both ServiceAi-Fast). Runs at c >= 128 also sample CPU per
+# process (cpu_snap.py).
 export PYTHONPATH=/tmp/site:/tmp/proj HF_HUB_OFFLINE=1
 S=$(cd "$(dirname "$0")" && pwd)
 KEY=$(cat /tmp/key); M=${MODEL:-/tmp/m1b}; IN=${IN:-64}; OUTL=${OUTL:-64}; TAG=${TAG:-m1b}
@@ -17,7 +19,8 @@ print(sys.argv[2], d['completed'], '/', d['num_prompts'], 'tok/s %.0f req/s %.1f
           'median_itl_ms', 'p99_itl_ms')))"
 for r in $(seq 1 "${ROUNDS:-1}"); do
 for cn in ${CONCS:-1:32 32:320 128:1024 256:1536}; do c=${cn%%:*}; n=${cn##*:}
- for s in bare:8100 ours:8000; do lab=${s%%:*}; port=${s##*:}; name=${TAG}_${lab}_c${c}_r${r}
+ for s in ${SERVERS:-bare:8100:ServiceAi-Fast ours:8000:ServiceAi-Fast}; do
+  IFS=: read -r lab port model <<< "$s"; name=${TAG}_${lab}_c${c}_r${r}
   [ -f "$RES/$name.json" ] && continue
   left=$(( DEADLINE - $(date +%s) ))
   [ $left -lt 45 ] && { echo "SKIP $name (time)"; continue; }
@@ -28,7 +31,7 @@ for cn in ${CONCS:-1:32 32:320 128:1024 256:1536}; do c=${cn%%:*}; n=${cn##*:}
   fi
   OPENAI_API_KEY=$KEY timeout $left python3 -m vllm.entrypoints.cli.main bench serve \
    --backend openai-chat --base-url http://127.0.0.1:$port --endpoint /v1/chat/completions \
-   --model ServiceAi-Fast --tokenizer $M --dataset-name random --random-input-len $IN \
+   --model $model --tokenizer $M --dataset-name random --random-input-len $IN \
    --random-output-len $OUTL --ignore-eos --num-prompts $n --max-concurrency $c --num-warmups 8 \
    --seed 0 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result \
    --result-dir "$RES" --result-filename $name.json --disable-tqdm > /tmp/logs/b_$name.txt 2>&1 \

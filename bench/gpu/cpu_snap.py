@@ -13,7 +13,16 @@ import sys
 import time
 from typing import TextIO
 
-WATCH = ("ServeReplica", "EngineCore", "haproxy", "ProxyActor", "api_server", "ServeController")
+WATCH = (
+    "ServeReplica",
+    "ServingProcess",
+    "EngineCore",
+    "haproxy",
+    "ProxyActor",
+    "api_server",
+    "ApiServer",
+    "ServeController",
+)
 MIN_TICKS = 50
 
 

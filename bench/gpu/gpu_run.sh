@@ -5,22 +5,7 @@
 T0=$(date +%s); BUDGET_S=${BUDGET_S:-560}; S=$(cd "$(dirname "$0")" && pwd)
 mkdir -p /tmp/logs /tmp/results
 elapsed() { echo "t=$(( $(date +%s) - T0 )) s: $1"; }
-pack() {
-  nvidia-smi > /tmp/logs/nvidia-smi.txt 2>&1
-  mkdir -p /tmp/pack/logs
-  cp /tmp/results/*.json /tmp/pack/ 2>/dev/null
-  # CPU samples whole, the other logs' last 300 kB
-  for f in /tmp/logs/*; do
-    case "$f" in
-      */cpu_*) cp "$f" /tmp/pack/logs/ ;;
-      *) tail -c 300000 "$f" > "/tmp/pack/logs/$(basename "$f")" ;;
-    esac
-  done
-  for f in /tmp/ray/session_latest/logs/serve/*.log /tmp/ray/session_latest/logs/*.err; do
-    [ -s "$f" ] && tail -c 200000 "$f" > "/tmp/pack/logs/ray_$(basename "$f")"
-  done
-  tar -C /tmp/pack -czf "$OUT/gpu.tgz" . && ls -la "$OUT"
-}
+. "$S/pack.sh"
 trap 'elapsed packing; pack' EXIT
 if [ ! -f /tmp/started ]; then
   bash "$S/setup.sh" 2>&1 | tee /tmp/logs/setup.txt

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -30,6 +30,7 @@ from deployments.vllm_engine.completions import ChatApi, CompletionApi
 from deployments.vllm_engine.counting import CountingEngineClient
 from deployments.vllm_engine.messages import MessagesApi
 from deployments.vllm_engine.replies import ServedApi
+from deployments.vllm_engine.shared_engine import EngineClient, SharedEngine, client_engine
 from deployments.wire import GenerationError, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")  # into the replica's Serve log
@@ -113,13 +114,22 @@ class VllmEngine:
         tool_strict_level: str = "parameter",
         reserved_slots: int | None = None,
         busy_stream_interval: int = 1,
+        serving_processes: int = 1,
+        start_others: Callable[[list[EngineClient]], None] | None = None,
+        client: EngineClient | None = None,
     ) -> VllmEngine:
         """Build the engine and the serving layer, serving the model as `name`; returns once
         the model is loaded. vLLM's engine metrics (vllm:*) go out through Ray's metrics API,
         beside the ingress's. An engine with `scheduling_policy: priority` admits requests in
         priority order, `reserved_slots` of its max_num_seqs kept for priority 0
         (deployments.priority_gate; default an eighth), a later plan's streams
-        `busy_stream_interval` tokens a chunk while the later plans fill their slots."""
+        `busy_stream_interval` tokens a chunk while the later plans fill their slots.
+
+        With `serving_processes` N > 1 this process launches an engine core for N clients
+        (deployments.vllm_engine.shared_engine), calls `start_others` with the other N-1
+        clients' sockets before the core loads, and is client 0; a serving process started so
+        passes its `client` instead, and holds no priority gate (its replica's gates every
+        request it sends there)."""
         args = AsyncEngineArgs(**_for_this_platform(engine_kwargs))
         parser = forced_tool_calls.install(tool_call_parser)
         namespace = frontend_args(
@@ -130,14 +140,22 @@ class VllmEngine:
             tool_strict_level=tool_strict_level,
         )
         # The defaults `vllm serve` gets (max_num_batched_tokens: 8192 on an H100, not 2048).
-        engine = AsyncLLM.from_engine_args(
-            args,
-            usage_context=UsageContext.OPENAI_API_SERVER,
-            stat_loggers=[RayPrometheusStatLogger],
-        )
+        loggers: list[Any] = [RayPrometheusStatLogger]
+        if client is not None:
+            engine = client_engine(args, client, loggers)
+        elif serving_processes > 1:
+            shared = SharedEngine(args, serving_processes)
+            if start_others is not None:
+                start_others(shared.clients[1:])
+            shared.launch()
+            engine = shared.first_client(loggers)
+        else:
+            engine = AsyncLLM.from_engine_args(
+                args, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=loggers
+            )
         gate = None
         scheduler = engine.vllm_config.scheduler_config
-        if scheduler.policy == "priority":
+        if scheduler.policy == "priority" and client is None:
             slots = scheduler.max_num_seqs
             reserved = max(1, slots // 8) if reserved_slots is None else reserved_slots
             gate = PriorityGate(slots, reserved, busy_stream_interval=busy_stream_interval)
@@ -173,7 +191,13 @@ class VllmEngine:
     ) -> AsyncIterator[ReplyPart]:
         """A request of `api` ("chat", "completion" or "responses"): see `replies.serve`;
         under priority scheduling, once the gate gives it a slot per sequence it runs."""
-        parts = replies.serve(self._api(api, body), body, batched=batched)
+        return self.gated(api, body, replies.serve(self._api(api, body), body, batched=batched))
+
+    def gated(
+        self, api: str, body: dict[str, Any], parts: AsyncIterator[ReplyPart]
+    ) -> AsyncIterator[ReplyPart]:
+        """`parts` of a request of `api`, once the priority gate (if any) gives it its slots:
+        this engine's own, or a serving process's (deployments.serving_processes)."""
         if self.gate is None:
             return parts
         return self._gated(parts, body.get("priority", 0), sequences(api, body))
@@ -216,6 +240,10 @@ class VllmEngine:
     async def check_health(self) -> None:
         """Raise if the engine core is dead, so that Serve replaces this replica."""
         await self._engine.check_health()
+
+    def errored(self) -> bool:
+        """The engine core died (or this client's output handler did)."""
+        return self._engine.errored
 
     def cache_tokens(self) -> int:
         """How many tokens the engine's KV cache (and so its prefix cache) holds."""

@@ -153,6 +153,54 @@ READ = (
         "init_app_state",
         "engine: vLLM's serving layer, built as `vllm serve` builds it",
     ),
+    Surface(
+        "vllm.engine.arg_utils",
+        "AsyncEngineArgs._api_process_count",
+        "shared_engine: the engine core's client count, as `vllm serve` sets it",
+    ),
+    Surface(
+        "vllm.engine.arg_utils",
+        "AsyncEngineArgs._api_process_rank",
+        "shared_engine: a client's index",
+    ),
+    Surface(
+        "vllm.v1.engine.utils",
+        "get_engine_zmq_bind_addresses",
+        "shared_engine: the clients' sockets",
+    ),
+    Surface(
+        "vllm.v1.engine.utils",
+        "EngineZmqAddresses",
+        "shared_engine: the clients' sockets, as the core gets them",
+        ("inputs", "outputs"),
+    ),
+    Surface(
+        "vllm.v1.engine.utils",
+        "launch_core_engines",
+        "shared_engine: one core for several clients",
+        ("vllm_config", "executor_class", "log_stats", "addresses"),
+    ),
+    Surface(
+        "vllm.v1.engine.utils",
+        "CoreEngineLaunch.engine_manager",
+        "shared_engine: the core's processes",
+    ),
+    Surface(
+        "vllm.v1.engine.async_llm",
+        "AsyncLLM",
+        "shared_engine: a client of a core launched apart",
+        ("vllm_config", "executor_class", "client_addresses", "client_count", "client_index"),
+    ),
+    Surface(
+        "vllm.v1.engine.core_client",
+        "BackgroundResources.engine_manager",
+        "shared_engine: client 0 owns the core",
+    ),
+    Surface(
+        "vllm.v1.engine.core_client",
+        "MPClient.start_engine_core_monitor",
+        "shared_engine: client 0 watches the core",
+    ),
 )
 """Read or called: private names, and public ones called with keywords that may move."""
 

@@ -83,6 +83,29 @@ def test_tensor_parallel_uses_one_gpu_bundle_per_shard_on_one_node():
     assert kwargs["distributed_executor_backend"] == "ray"
 
 
+def test_serving_processes_take_cpu_bundles_beside_the_replica_on_its_node():
+    config = gpu_type(serving_processes=3, serving_process_cpus=1.5, num_cpus=2)
+    options = config.serve_options()
+    assert options["placement_group_strategy"] == "STRICT_PACK"
+    # The replica keeps its GPU (bundle 0); each further serving process reserves its CPUs.
+    assert options["placement_group_bundles"] == [
+        {"CPU": 2, "GPU": 1, "accelerator_type:A100": 0.001},
+        {"CPU": 1.5},
+        {"CPU": 1.5},
+    ]
+    assert options["ray_actor_options"]["num_gpus"] == 1
+    sharded = gpu_type(tensor_parallel_size=2, serving_processes=2).serve_options()
+    assert sharded["placement_group_bundles"][2:] == [{"CPU": 1.0}]
+    assert len(sharded["placement_group_bundles"]) == 3
+    replica = ModelServer.options(**options)._replica_config
+    assert replica.resource_dict == {"CPU": 2.0, "GPU": 1.0, "accelerator_type:A100": 0.001}
+
+
+def test_serving_processes_need_cpus_of_the_replica():
+    with pytest.raises(ValidationError, match="serving_processes > 1 needs num_cpus > 0"):
+        ModelTypeConfig(name="ServiceAi-Fast", serving_processes=2, num_cpus=0)
+
+
 def test_ray_serve_accepts_the_options_and_translates_the_accelerator_as_nodes_advertise_it():
     one_gpu = ModelServer.options(**gpu_type(accelerator_type="L4").serve_options())
     # Ray's own translation: the resource an L4 node offers as accelerator_type:L4.

@@ -61,7 +61,7 @@ def serving_replica(
         if not serves(http, model_type):
             return None
         try:
-            replica_pid, core_pids = (
+            replica_pid, core_pids, _ = (
                 stack.handle(model_type).process_ids.remote().result(timeout_s=30)
             )
             processes = ReplicaProcesses(
