@@ -23,6 +23,8 @@ _TOOL_CHOICES = {None: None, "auto": "auto", "none": "none", "any": "required", 
 
 class MessagesCall(RelayedCall):
     api = "messages"
+    keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'
+    """Anthropic's stream sends `ping` while it waits; its SDKs skip it."""
 
     def __init__(self, body: MessagesRequest) -> None:
         super().__init__(body)

@@ -11,6 +11,7 @@ once with the engine's token counts, however the request ends (`app.limits.ticke
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
@@ -29,6 +30,9 @@ from deployments.wire import ModelInfo, ReplyPart
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 PROMPT_BYTES_BOUND = 2
 """Most tokens a rendered prompt may have per byte of its request body (check_prompt_length)."""
+KEEPALIVE_S = 10.0
+"""A stream of an API with a keep-alive event sends it after this long without a part (a
+queue, a long prefill): proxies and clients that time out idle connections keep it."""
 
 
 class ApiCall(Protocol):
@@ -62,6 +66,9 @@ class ApiCall(Protocol):
 
     def error_event(self, error: ApiError) -> bytes:
         """The event that ends a stream with `error`."""
+
+    keepalive: bytes | None
+    """The event a stream sends while it waits (Anthropic's `ping`), or None."""
 
 
 async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
@@ -238,7 +245,16 @@ async def _relay(
             yield data
             if tally.finished:
                 return
-            part = await anext(parts)
+            if call.keepalive is None:
+                part = await anext(parts)
+            else:
+                waiting = asyncio.ensure_future(anext(parts))
+                try:
+                    while not (await asyncio.wait({waiting}, timeout=KEEPALIVE_S))[0]:
+                        yield call.keepalive
+                finally:
+                    waiting.cancel()  # the client left while it waited
+                part = waiting.result()
             tally.advance(part)
     except StopAsyncIteration:
         error = endpoint.error(EOFError("the stream ended without its last part"))

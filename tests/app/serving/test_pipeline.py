@@ -293,3 +293,58 @@ async def test_a_stream_cut_before_its_end_is_a_client_closed_request():
     await anext(events)
     await events.aclose()
     assert not tally.finished and record.status(200) == CLIENT_CLOSED
+
+
+class _Slow(_Parts):
+    """A replica whose next part comes only once `go` is set (a queue, a long prefill)."""
+
+    def __init__(self, *parts: ReplyPart) -> None:
+        super().__init__(*parts)
+        self.go = asyncio.Event()
+
+    async def __anext__(self) -> ReplyPart:
+        await self.go.wait()
+        return await super().__anext__()
+
+
+async def test_a_messages_stream_sends_ping_while_it_waits_and_others_send_nothing(monkeypatch):
+    from app.anthropic.messages import MessagesRequest
+    from app.serving import pipeline
+    from app.serving.messages_call import MessagesCall
+
+    monkeypatch.setattr(pipeline, "KEEPALIVE_S", 0.01)
+    first = ReplyPart(b"event: message_start\n\n", 7, 0)
+    last = ReplyPart(b"event: message_stop\n\n", 7, 2, True)
+    body = MessagesRequest(
+        model=FAST, max_tokens=5, stream=True, messages=[{"role": "user", "content": "hi"}]
+    )
+    stream, record = _Slow(last), RequestRecord("r", 0.0, InFlight())
+    record.sent_to(FAST, stream=True)
+    events = _relay(
+        MessagesCall(body), _Endpoint(), stream, Tally(first, Meter(_charged())), record
+    )
+    assert await anext(events) == first.data
+    ping = b'event: ping\ndata: {"type": "ping"}\n\n'
+    assert [await anext(events), await anext(events)] == [ping, ping]
+    stream.go.set()
+    rest = [e async for e in events]
+    assert rest[-1] == last.data and set(rest[:-1]) <= {ping}
+    # A client that leaves while the stream waits: the wait ends with it.
+    stream = _Slow(last)
+    events = _relay(
+        MessagesCall(body), _Endpoint(), stream, Tally(first, Meter(_charged())), record
+    )
+    await anext(events)
+    assert await anext(events) == ping
+    await events.aclose()
+    # Chat waits silently, as OpenAI's streams do.
+    stream = _Slow(last)
+    chat_events = _relay(
+        ChatCall(chat(stream=True)), _Endpoint(), stream, Tally(first, Meter(_charged())), record
+    )
+    await anext(chat_events)
+    waiting = asyncio.ensure_future(anext(chat_events))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    stream.go.set()
+    assert await waiting == last.data
