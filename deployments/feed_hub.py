@@ -38,8 +38,7 @@ class FeedItem(NamedTuple):
 class Feed:
     """The open feed of one ingress replica on this model replica."""
 
-    def __init__(self, ends_when_idle: bool = True) -> None:
-        self.ends_when_idle = ends_when_idle
+    def __init__(self) -> None:
         self.members: set[int] = set()
         self.closed = False
         self._pending: list[FeedItem] = []
@@ -59,7 +58,7 @@ class Feed:
                 try:
                     await asyncio.wait_for(self._ready.wait(), FEED_IDLE_S)
                 except TimeoutError:
-                    if not self.members and self.ends_when_idle:
+                    if not self.members:
                         return
                     continue
             # The engine's output handler wakes every request of a step before this task
@@ -71,19 +70,17 @@ class Feed:
 
 
 class FeedHub:
-    """The feeds open on this replica, one per ingress replica. A serving process's feeds
-    (deployments.serving_processes) end only when its replica stops relaying them."""
+    """The feeds open on this replica (or serving process), one per ingress replica."""
 
-    def __init__(self, max_ongoing_requests: int, ends_when_idle: bool = True) -> None:
+    def __init__(self, max_ongoing_requests: int) -> None:
         self.accepts = max_ongoing_requests >= FEED_MIN_ONGOING
-        self._ends_when_idle = ends_when_idle
         self._feeds: dict[str, Feed] = {}
 
     def of(self, ingress: str | None) -> Feed | None:
         return None if ingress is None else self._feeds.get(ingress)
 
     async def serve(self, ingress: str) -> AsyncIterator[list[FeedItem]]:
-        feed = Feed(self._ends_when_idle)
+        feed = Feed()
         self._feeds[ingress] = feed  # a newer feed of the same ingress takes new requests
         try:
             async for batch in feed.batches():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,10 @@ class ModelServer:
 
             model = str(ensure(tiny_model_dir()))
         logger.info("Starting the engine of %s", config.name)
+        self._replica = serve.get_replica_context().replica_id.unique_id
         processes = None
         if config.serving_processes > 1:
-            processes = ServingProcesses(config, model)
+            processes = ServingProcesses(config, model, self._replica)
         with kept_through_logging_setup():
             self._engine = await VllmEngine.start(
                 config.name,
@@ -60,7 +62,6 @@ class ModelServer:
                 start_others=processes.start if processes else None,
             )
         self._feeds = FeedHub(config.max_ongoing_requests)
-        self._replica = serve.get_replica_context().replica_id.unique_id
         self._serving = EngineServing(self._engine, self._feeds, self._replica)
         self._processes = processes
         if processes is not None:
@@ -76,9 +77,9 @@ class ModelServer:
         self, api: str, body: dict, ingress: str | None = None, key: int = 0
     ) -> AsyncIterator[ReplyPart]:
         """A streamed request of `api` from ingress replica `ingress` (its request `key`):
-        batches of SSE events, or, while that ingress has a feed open here, the first part
-        alone and the rest on the feed (deployments.engine_serving), from this process or the
-        least busy of its serving processes (deployments.serving_processes)."""
+        batches of SSE events, or, while that ingress has a feed open where the request runs,
+        the first part alone and the rest on the feed (deployments.engine_serving); it runs
+        here or on a serving process (deployments.serving_processes)."""
         processes = self._processes
         if processes is None:
             async for part in self._serving.stream(api, body, ingress, key):
@@ -89,32 +90,15 @@ class ModelServer:
             async for part in processes.own(self._serving.stream(api, body, ingress, key)):
                 yield part
             return
-        feed = self._feeds.of(ingress)
-        if feed is not None:
-            feed.members.add(key)  # the serving process's parts come on this feed
         parts = self._engine.gated(api, body, processes.stream(index, api, body, ingress, key))
-        try:
-            first = await anext(parts)
-            yield first._replace(replica=self._replica) if self._feeds.accepts else first
+        async with aclosing(parts):
             async for part in parts:
                 yield part
-        finally:
-            if feed is not None:
-                feed.members.discard(key)
-            await parts.aclose()
 
     async def feed(self, ingress: str, feed_for: str) -> AsyncIterator[list[FeedItem]]:
-        """The feed of ingress replica `ingress` (`feed_for`, this replica, routes it here),
-        with the feeds of this replica's serving processes relayed onto it."""
-        relays = (
-            [] if self._processes is None else self._processes.relay_feeds(ingress, self._feeds)
-        )
-        try:
-            async for batch in self._serving.feed(ingress):
-                yield batch
-        finally:
-            for relay in relays:
-                relay.cancel()
+        """The feed of ingress replica `ingress` (`feed_for`, this replica, routes it here)."""
+        async for batch in self._serving.feed(ingress):
+            yield batch
 
     async def reply(self, api: str, body: dict) -> AsyncIterator[ReplyPart]:
         """A whole request of `api`: the token counts so far every second or so while the

@@ -4,11 +4,13 @@ With `serving_processes: N` a type's replica launches its engine core for N clie
 (deployments.vllm_engine.shared_engine) and starts N-1 Ray actors beside it, in its placement
 group (so on its node, with their CPUs reserved): each connects to the core as one client and
 serves requests as the replica does (deployments.engine_serving). Serve still sees one replica:
-it routes, counts, cancels and health-checks calls there. The replica sends each request to the
-least busy of its processes, itself included, and relays what a serving process sends: the
-first part of a stream, a whole reply's few parts, and each engine step's batch of a feed (one
-message per step, not per request). Rendering, tokenizing, detokenizing and encoding, the work
-that held one process at a core on a GPU, is then split N ways.
+it routes, counts, cancels and health-checks calls there. The replica serves requests itself
+until it runs `SPREAD_FROM` of them, then sends each to the least busy of its processes, itself
+included, and relays the first part of a stream and a whole reply's few parts; the rest of a
+stream goes from the serving process to the ingress on the ingress's feed, which the ingress
+opens on that process directly (it is a named actor: `feed_name`), as it opens one on a replica
+(deployments/feed_hub.py). Rendering, tokenizing, detokenizing and encoding, the work that held
+one process at a core on a GPU, is then split N ways, and no token passes through the replica.
 
 Failure: a serving process that dies fails its requests (the ingress hears it as the engine's
 failure) and the replica's health check, so Serve replaces the replica; an engine core that
@@ -34,10 +36,14 @@ from ray.util.scheduling_strategies import (
 )
 
 from deployments.feed_hub import FeedHub
-from deployments.wire import EngineUnavailable, ReplyPart
+from deployments.wire import SERVING_PROCESS_NAMESPACE, EngineUnavailable, ReplyPart, feed_name
 
 logger = logging.getLogger("ray.serve")
 
+SPREAD_FROM = int(os.environ.get("SERVICEAI_STREAM_FEED_MIN_STREAMS", "16"))
+"""The replica serves requests itself until it runs this many: below, the ingress would not
+open a feed on a serving process (the same setting, app/config/settings.py), and each of its
+stream's parts would pass through the replica."""
 ENGINE_WATCH_S = 0.5
 """How often the replica looks whether its engine core died."""
 HEALTH_TIMEOUT_S = 10.0
@@ -48,7 +54,9 @@ PROCESS_FAILED = "The model engine failed this request. Retry shortly."
 class ServingProcess:
     """One serving process: a client of its replica's engine core with vLLM's serving layer."""
 
-    async def start(self, config: Any, model: str, client: Any, devices: str | None) -> int:
+    async def start(
+        self, config: Any, model: str, client: Any, devices: str | None, name: str
+    ) -> int:
         """Connect to the core as `client` (returns once the core is up); this process's pid.
         `devices`: the replica's CUDA_VISIBLE_DEVICES, which Ray does not give a process that
         reserves no GPU: vLLM's client configures itself for the platform it sees, as vLLM's
@@ -62,8 +70,7 @@ class ServingProcess:
         engine = await VllmEngine.start(
             config.name, config.engine_kwargs(model), **engine_options(config), client=client
         )
-        feeds = FeedHub(config.max_ongoing_requests, ends_when_idle=False)
-        self._serving = EngineServing(engine, feeds, replica=None)
+        self._serving = EngineServing(engine, FeedHub(config.max_ongoing_requests), replica=name)
         return os.getpid()
 
     async def stream(
@@ -89,11 +96,12 @@ class ServingProcess:
 
 class ServingProcesses:
     """The replica's side: its serving processes (1..N-1; 0 is the replica), the requests each
-    runs, and the relays of their feeds."""
+    runs."""
 
-    def __init__(self, config: Any, model: str) -> None:
+    def __init__(self, config: Any, model: str, replica: str) -> None:
         self._config = config
         self._model = model
+        self._replica = replica
         self.actors: list[Any] = []
         self._starts: list[Any] = []
         self.pids: list[int] = []
@@ -115,12 +123,18 @@ class ServingProcesses:
             else:
                 node = ray.get_runtime_context().get_node_id()
                 where = NodeAffinitySchedulingStrategy(node, soft=False)
+            name = feed_name(self._replica, client.index)
             actor = ServingProcess.options(
-                num_cpus=self._config.serving_process_cpus, scheduling_strategy=where
+                name=name,
+                namespace=SERVING_PROCESS_NAMESPACE,
+                num_cpus=self._config.serving_process_cpus,
+                scheduling_strategy=where,
             ).remote()
             self.actors.append(actor)
             devices = os.environ.get("CUDA_VISIBLE_DEVICES")
-            self._starts.append(actor.start.remote(self._config, self._model, client, devices))
+            self._starts.append(
+                actor.start.remote(self._config, self._model, client, devices, name)
+            )
             self._load.append(0)
             self.served.append(0)
 
@@ -130,9 +144,12 @@ class ServingProcesses:
         self._watch = asyncio.ensure_future(self._watch_engine(engine))
 
     def pick(self) -> int:
-        """The least busy process (0: the replica itself)."""
+        """The replica itself (0) below `SPREAD_FROM` requests, else the least busy process."""
         load = self._load
-        index = min((i for i in range(len(load)) if i not in self._dead), key=load.__getitem__)
+        if load[0] < SPREAD_FROM:
+            index = 0
+        else:
+            index = min((i for i in range(len(load)) if i not in self._dead), key=load.__getitem__)
         self.served[index] += 1
         return index
 
@@ -179,28 +196,6 @@ class ServingProcesses:
         finally:
             self._load[index] -= 1
             if not done:  # cancelled (the client left): the process aborts the request
-                ray.cancel(call)
-
-    def relay_feeds(self, ingress: str, feeds: FeedHub) -> list[asyncio.Task[None]]:
-        """Relay each serving process's feed of `ingress` onto the replica's own (open now)."""
-        return [
-            asyncio.ensure_future(self._relay_feed(actor, ingress, feeds)) for actor in self.actors
-        ]
-
-    async def _relay_feed(self, actor: Any, ingress: str, feeds: FeedHub) -> None:
-        call = actor.feed.options(num_returns="streaming").remote(ingress)
-        try:
-            async for ref in call:
-                batch = await ref
-                feed = feeds.of(ingress)
-                if feed is None:
-                    return
-                for key, part in batch:
-                    feed.put(key, part)
-        except (RayActorError, RayTaskError, EngineUnavailable):
-            pass  # the process died (its requests fail on their own calls) or the feed closed
-        finally:
-            with suppress(Exception):
                 ray.cancel(call)
 
     async def running_requests(self) -> int:

@@ -24,8 +24,9 @@ class ReplyPart(NamedTuple):
     `data: [DONE]`, as OpenAI's does). A failure is raised, never encoded: the ingress frames
     it as its API does. `final` is a /v1/responses stream's terminal event (its last part):
     the ingress stores the response it holds before it sends it.
-    On a stream's first part, `replica` names the replica when it could open a feed to the
-    ingress (deployments.feed_hub), and `via_feed` says that the rest comes on the open one.
+    On a stream's first part, `replica` names the replica (or its serving process: `feed_name`)
+    when it could open a feed to the ingress (deployments.feed_hub), and `via_feed` says that
+    the rest comes on the open one.
     """
 
     data: bytes
@@ -35,6 +36,21 @@ class ReplyPart(NamedTuple):
     final: bytes | None = None
     replica: str | None = None
     via_feed: bool = False
+
+
+SERVING_PROCESS_NAMESPACE = "serviceai"
+"""The Ray namespace of the model replicas' serving processes, which the ingress finds by name."""
+
+
+def feed_name(replica: str, index: int) -> str:
+    """A model replica's serving process `index` (deployments/serving_processes.py), as a
+    stream's first part names it: a named Ray actor, on which the ingress opens its feed."""
+    return f"{replica}/{index}"
+
+
+def serving_process(name: str) -> bool:
+    """A first part's `replica` names a serving process, not a Serve replica."""
+    return "/" in name
 
 
 class ModelInfo(NamedTuple):

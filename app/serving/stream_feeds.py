@@ -6,6 +6,10 @@ once per engine step, the events of every request of this ingress it serves. A r
 whose first part says `via_feed` reads the rest from its inbox here, filled by the feed's
 reader; its own call stays open, silent, so that Serve still counts it, cancels it when the
 client leaves, and fails it when the replica dies.
+
+A replica with several serving processes (deployments/serving_processes.py) names the one that
+runs a stream on its first part; the feed is then opened on that process, a named Ray actor,
+so that the stream's events go from it to this ingress without passing through the replica.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ import itertools
 import logging
 import uuid
 from collections import Counter, deque
+from typing import Any
 
+import ray
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from deployments.wire import ReplyPart
+from deployments.feed_hub import FeedItem
+from deployments.wire import SERVING_PROCESS_NAMESPACE, ReplyPart, serving_process
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -181,10 +188,10 @@ class Feeds:
                 del self._streams_on[replica]
 
     async def _read(self, replica: str) -> None:
-        call = self._streaming.feed.remote(INGRESS_ID, feed_for=replica)
+        call = FeedCall(self._streaming, replica)
         lost: BaseException = FeedLost("the feed of this stream ended before the stream")
         try:
-            await asyncio.wait_for(call.__anext__(), FEED_OPEN_TIMEOUT_S)
+            await asyncio.wait_for(call.open(), FEED_OPEN_TIMEOUT_S)
             inboxes = self._inboxes
             async for batch in call:
                 for key, part in batch:
@@ -207,3 +214,52 @@ class Feeds:
                 inbox = self._inboxes.get(key)
                 if inbox is not None:
                     inbox.put(lost)
+
+
+_SERVING_PROCESSES: dict[str, Any] = {}
+"""The serving processes this ingress has found by name (ray.get_actor blocks: once each)."""
+
+
+class FeedCall:
+    """The long-lived call that carries a feed: a Serve call pinned to a model replica, or a
+    call of a replica's serving process."""
+
+    def __init__(self, streaming: DeploymentHandle, replica: str) -> None:
+        self._streaming = streaming
+        self._replica = replica
+        self._call = None
+
+    async def open(self) -> None:
+        """Start the call and wait for its opening (empty) batch."""
+        if not serving_process(self._replica):
+            self._call = self._streaming.feed.remote(INGRESS_ID, feed_for=self._replica)
+            await self._call.__anext__()
+            return
+        actor = _SERVING_PROCESSES.get(self._replica)
+        if actor is None:
+            actor = await asyncio.to_thread(
+                ray.get_actor, self._replica, namespace=SERVING_PROCESS_NAMESPACE
+            )
+            _SERVING_PROCESSES[self._replica] = actor
+        self._call = actor.feed.options(num_returns="streaming").remote(INGRESS_ID)
+        await anext(self)
+
+    def __aiter__(self) -> FeedCall:
+        return self
+
+    async def __anext__(self) -> list[FeedItem]:
+        if not serving_process(self._replica):
+            return await self._call.__anext__()
+        try:
+            return await (await self._call.__anext__())
+        except ray.exceptions.RayActorError:
+            _SERVING_PROCESSES.pop(self._replica, None)
+            raise
+
+    def cancel(self) -> None:
+        if self._call is None:
+            return
+        if serving_process(self._replica):
+            ray.cancel(self._call)
+        else:
+            self._call.cancel()

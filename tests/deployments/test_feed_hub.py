@@ -62,21 +62,3 @@ def test_small_replicas_open_no_feeds():
     """A feed takes one of the replica's request slots: not where there are few."""
     assert not FeedHub(max_ongoing_requests=1).accepts
     assert FeedHub(max_ongoing_requests=feeds.FEED_MIN_ONGOING).accepts
-
-
-async def test_a_serving_process_feed_stays_open_while_idle_until_its_replica_closes_it(
-    monkeypatch,
-):
-    # A serving process's feed is relayed by its replica (deployments.serving_processes): it
-    # lives as long as the replica's own, which ends it by cancelling the relay.
-    monkeypatch.setattr(feeds, "FEED_IDLE_S", 0.05)
-    hub = FeedHub(max_ongoing_requests=64, ends_when_idle=False)
-    served = hub.serve("ingress-a")
-    assert await anext(served) == []
-    following = asyncio.ensure_future(anext(served))
-    await asyncio.sleep(0.2)  # four idle periods, no member
-    assert not following.done()
-    hub.of("ingress-a").put(3, part("late"))
-    assert await asyncio.wait_for(following, 1) == [FeedItem(3, part("late"))]
-    await served.aclose()
-    assert hub.of("ingress-a") is None

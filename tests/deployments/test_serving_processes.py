@@ -15,7 +15,7 @@ from deployments.wire import EngineUnavailable, InvalidGenerationRequest, ReplyP
 
 
 def processes(count: int) -> ServingProcesses:
-    spread = ServingProcesses(config=None, model="m")
+    spread = ServingProcesses(config=None, model="m", replica="r")
     spread.actors = [object()] * (count - 1)
     spread._load = [0] * count
     spread.served = [0] * count
@@ -33,7 +33,10 @@ async def parts(*items):
         yield future
 
 
-async def test_each_request_goes_to_the_least_busy_process_the_replica_included():
+async def test_each_request_goes_to_the_least_busy_process_the_replica_included(monkeypatch):
+    # Below SPREAD_FROM requests the replica serves alone (no feed would carry a serving
+    # process's stream past it); from there on, the least busy.
+    monkeypatch.setattr(serving_processes, "SPREAD_FROM", 1)
     spread = processes(3)
 
     async def hold(index: int, release: asyncio.Event):
@@ -70,7 +73,8 @@ async def test_a_refusal_in_a_serving_process_is_raised_as_the_replica_would_rai
     assert raised.value.param == "response_format" and raised.value.status == 400
 
 
-async def test_a_dead_serving_process_fails_its_requests_and_takes_no_more():
+async def test_a_dead_serving_process_fails_its_requests_and_takes_no_more(monkeypatch):
+    monkeypatch.setattr(serving_processes, "SPREAD_FROM", 0)
     spread = processes(2)
     spread._load[0] = 5  # the replica is busier: process 1 would be picked
     with pytest.raises(EngineUnavailable):
@@ -90,3 +94,12 @@ async def test_a_call_the_client_left_is_cancelled_in_its_serving_process(monkey
         assert (await anext(relayed)).data == b"a"
     assert cancelled == [call]
     assert spread._load == [0, 0]
+
+
+def test_the_replica_serves_alone_below_the_feeds_threshold(monkeypatch):
+    monkeypatch.setattr(serving_processes, "SPREAD_FROM", 16)
+    spread = processes(4)
+    spread._load = [15, 0, 0, 0]
+    assert spread.pick() == 0
+    spread._load[0] = 16
+    assert spread.pick() == 1
