@@ -14,7 +14,10 @@ from pathlib import Path
 
 # ChatML, with Hermes-style tools as Qwen2.5 writes them: the tools in a system block, each
 # call of an assistant message as <tool_call>{"name", "arguments"}</tool_call>, tool results as
-# `tool` messages. vLLM's `hermes` tool-call parser reads calls in that form.
+# `tool` messages. vLLM's `hermes` tool-call parser reads calls in that form. Thinking is opt-in,
+# as in templates that declare `enable_thinking` (vLLM sets it from `reasoning_effort`, a
+# Responses `reasoning`): the reply then starts inside <think>, and what comes before </think>
+# is reasoning for a type with vLLM's `deepseek_v3` reasoning parser.
 CHAT_TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\n<tools>' }}"
     "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
@@ -28,9 +31,19 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{{ '<|im_end|>' + '\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and enable_thinking %}{{ '<think>\n' }}{% endif %}"
+    "{% endif %}"
 )
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+]
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Hello, how are you today? I am fine, thank you.",
@@ -41,7 +54,7 @@ CORPUS = [
 ] * 20
 MARKER = "serviceai-tiny-model.json"
 # Bumped when what `generate` writes changes, so that an older folder is made again.
-VERSION = 2
+VERSION = 3
 # The model's own sampling defaults, which vLLM applies to a request that omits them. A small
 # top_k is visible from outside: every sampled token is among the top_k most likely.
 GENERATION_DEFAULTS = {"do_sample": True, "temperature": 0.8, "top_k": 5}

@@ -38,6 +38,8 @@ class MessagesRequest(BaseModel):
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    """`effort` (on a type that reasons) and `format` (a JSON schema the reply follows)."""
 
     def unsupported_field(self) -> tuple[str, str] | None:
         """The first field that cannot be honoured, and why; None when every field can."""
@@ -59,9 +61,18 @@ class MessagesRequest(BaseModel):
         """The request asks the model to reason before it answers."""
         return bool(self.thinking) and self.thinking.get("type") != "disabled"
 
+    @property
+    def effort(self) -> str | None:
+        return (self.output_config or {}).get("effort")
+
     def to_engine(self) -> dict[str, Any]:
-        """The body the replica's Anthropic handler gets: as sent."""
-        return self.model_dump(exclude_unset=True)
+        """The body the replica's Anthropic handler gets: as sent, with thinking asked for
+        at Anthropic's default effort (high) when no effort is given, which opens thinking in
+        chat templates where it is opt-in (vLLM maps the effort to `enable_thinking`)."""
+        body = self.model_dump(exclude_unset=True)
+        if self.thinks and self.effort is None:
+            body["output_config"] = {**(self.output_config or {}), "effort": "high"}
+        return body
 
 
 class CountTokensRequest(MessagesRequest):

@@ -33,8 +33,6 @@ BUILT_IN_TOOLS = (
 # their "off" value (SDKs send some of them as null or empty on every call).
 _REFUSED: dict[str, tuple[Any, ...]] = {
     "background": (None, False),
-    "include": (None, []),
-    "reasoning": (None, {}),
     "prompt": (None,),
     "conversation": (None,),
     "truncation": (None, "disabled"),
@@ -45,6 +43,9 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
     "prompt_cache_key": (None,),
     "safety_identifier": (None,),
 }
+_INCLUDES = ("reasoning.encrypted_content",)
+"""`include` values served: reasoning items carry their reasoning in clear (`content`), so a
+client that keeps no state (`store: false`, as Codex) sends them back as they are."""
 _ROLES = ("user", "system", "developer", "assistant")
 _PART_TYPES = ("input_text", "output_text")
 
@@ -76,6 +77,21 @@ class TextFormat(BaseModel):
     strict: bool | None = None
 
 
+class Reasoning(BaseModel):
+    """How a model that reasons does (on a type with a reasoning parser)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+    @property
+    def asked(self) -> bool:
+        """The request asks the model to reason (any effort but none)."""
+        return self.effort != "none"
+
+
 class TextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -96,6 +112,8 @@ class ResponseCreateRequest(BaseModel):
     text: TextConfig | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
+    reasoning: Reasoning | None = None
+    include: list[str] | None = None
     parallel_tool_calls: bool | None = None
     store: bool = True
     stream: bool = False
@@ -114,6 +132,20 @@ class ResponseCreateRequest(BaseModel):
                 raise unsupported(name, f"'{name}' is not a parameter of /v1/responses.")
             if value not in _REFUSED[name]:
                 raise unsupported(name, f"ServiceAi does not support '{name}' on /v1/responses.")
+        for index, value in enumerate(self.include or ()):
+            if value not in _INCLUDES:
+                raise unsupported(
+                    f"include[{index}]",
+                    f"'{str(value)[:64]}' cannot be included: ServiceAi serves "
+                    f"{', '.join(_INCLUDES)}.",
+                )
+        summary = self.reasoning and (self.reasoning.summary or self.reasoning.generate_summary)
+        if summary not in (None, "auto"):
+            raise unsupported(
+                "reasoning.summary",
+                "Reasoning summaries are not generated: each reasoning item carries the "
+                "reasoning itself in its content. Use 'auto' or leave it out.",
+            )
         for index, tool in enumerate(self.tools or ()):
             kind = tool.get("type")
             if kind != "function":
@@ -206,6 +238,19 @@ def _checked_item(item: dict[str, Any], index: int) -> dict[str, Any]:
             "arguments": _required(item, "arguments", where),
             "status": "completed",
         }
+    if kind == "reasoning":
+        # A reasoning item sent back (a client that keeps no state): the model sees it again.
+        content = item.get("content") or []
+        if not isinstance(content, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("text"), str) for p in content
+        ):
+            raise invalid(f"{where}.content", "content must be a list of reasoning_text parts")
+        return {
+            "id": _string(item.get("id"), f"{where}.id") or f"rs_{secrets.token_hex(24)}",
+            "type": "reasoning",
+            "summary": _summary(item.get("summary"), f"{where}.summary"),
+            "content": [{"type": "reasoning_text", "text": p["text"]} for p in content],
+        }
     if kind == "function_call_output":
         return {
             "id": _string(item.get("id"), f"{where}.id") or f"fco_{secrets.token_hex(24)}",
@@ -216,8 +261,18 @@ def _checked_item(item: dict[str, Any], index: int) -> dict[str, Any]:
     raise unsupported(
         f"{where}.type",
         f"Input items of type '{str(kind)[:64]}' are not supported: send messages, "
-        "function_call and function_call_output items.",
+        "reasoning, function_call and function_call_output items.",
     )
+
+
+def _summary(value: Any, where: str) -> list[dict[str, str]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(p, dict) and isinstance(p.get("text"), str) for p in value
+    ):
+        raise invalid(where, "summary must be a list of summary_text parts")
+    return [{"type": "summary_text", "text": p["text"]} for p in value]
 
 
 def _checked_part(part: Any, where: str) -> dict[str, Any]:

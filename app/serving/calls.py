@@ -13,7 +13,7 @@ from app.openai.chat import ChatCompletionRequest
 from app.openai.completions import CompletionRequest
 from app.openai.errors import ApiError
 from app.openai.protocol import GenerationFields, ReplyLength
-from app.serving.pipeline import check_tools
+from app.serving.pipeline import check_reasoning, check_tools
 from deployments.wire import ModelInfo, ReplyPart
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -67,14 +67,7 @@ class ChatCall(RelayedCall):
     def check_against_model(self, model: ModelInfo) -> None:
         body = self.body
         check_tools(model, body.tools, body.tool_choice)
-        if body.reasoning_effort is not None and model.reasoning_parser is None:
-            raise ApiError(
-                400,
-                f"{model.name} does not reason before answering: reasoning_effort is not "
-                "supported.",
-                param="reasoning_effort",
-                code="unsupported_parameter",
-            )
+        check_reasoning(model, body.reasoning_effort is not None, "reasoning_effort")
 
 
 class CompletionCall(RelayedCall):

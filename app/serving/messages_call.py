@@ -15,7 +15,7 @@ from app.anthropic.messages import MessagesRequest
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.serving.calls import RelayedCall
-from app.serving.pipeline import check_tools
+from app.serving.pipeline import check_reasoning, check_tools
 from deployments.wire import ModelInfo
 
 _TOOL_CHOICES = {None: None, "auto": "auto", "none": "none", "any": "required", "tool": "named"}
@@ -34,14 +34,8 @@ class MessagesCall(RelayedCall):
         body = self.body
         choice = (body.tool_choice or {}).get("type")
         check_tools(model, body.tools, _TOOL_CHOICES.get(choice, choice))
-        if body.thinks and model.reasoning_parser is None:
-            raise ApiError(
-                400,
-                f"{model.name} does not reason before answering: thinking is not supported "
-                "on it; leave it out, or use a model type that reasons.",
-                param="thinking",
-                code="unsupported_parameter",
-            )
+        check_reasoning(model, body.thinks, "thinking")
+        check_reasoning(model, body.effort is not None, "output_config.effort")
 
     def error_event(self, error: ApiError) -> bytes:
         """Anthropic's clients raise on an `error` event."""

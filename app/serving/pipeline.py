@@ -141,6 +141,19 @@ def check_reply_length(call: ApiCall, model: ModelInfo) -> None:
         )
 
 
+def check_reasoning(model: ModelInfo, asked: bool, param: str) -> None:
+    """A request that asks the model to reason (`param`, the API's own field) needs a type with
+    a reasoning parser: the same 400 on every API."""
+    if asked and model.reasoning_parser is None:
+        raise ApiError(
+            400,
+            f"{model.name} does not reason before answering: {param} is not supported on it; "
+            "leave it out, or use a model type that reasons.",
+            param=param,
+            code="unsupported_parameter",
+        )
+
+
 def check_tools(model: ModelInfo, tools: object, tool_choice: object) -> None:
     """An automatic tool choice needs the type's tool-call parser (its model's call format); a
     forced one (`required`, a named function) is served on every type, as JSON constrained to

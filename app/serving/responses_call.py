@@ -20,7 +20,7 @@ from app.accounts.keystore.responses import ResponseStore
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.openai.responses import ResponseCreateRequest, new_response_id
-from app.serving.pipeline import check_tools
+from app.serving.pipeline import check_reasoning, check_tools
 from deployments.wire import ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")
@@ -49,6 +49,8 @@ class ResponsesCall:
 
     def check_against_model(self, model: ModelInfo) -> None:
         check_tools(model, self.body.tools, self.body.tool_choice)
+        reasoning = self.body.reasoning
+        check_reasoning(model, reasoning is not None and reasoning.asked, "reasoning")
 
     async def prepare(self) -> None:
         """The conversation: the earlier turns' input and output items, then this turn's."""

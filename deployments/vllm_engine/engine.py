@@ -16,7 +16,7 @@ from contextlib import aclosing
 from typing import Any
 
 from starlette.datastructures import State
-from vllm.config import StructuredOutputsConfig
+from vllm.config import ReasoningConfig, StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.cli_args import FrontendArgs
@@ -65,6 +65,8 @@ def frontend_args(
         engine_args.structured_outputs_config = StructuredOutputsConfig(
             **engine_args.structured_outputs_config
         )
+    if isinstance(engine_args.reasoning_config, dict):
+        engine_args.reasoning_config = ReasoningConfig(**engine_args.reasoning_config)
     if reasoning_parser:
         engine_args.reasoning_parser = reasoning_parser
         engine_args.create_structured_outputs_config()
@@ -223,7 +225,11 @@ class VllmEngine:
 
         if self._responses is None:
             self._responses = build_serving(
-                self._engine, self.name, self._parser, self._tool_strict_level
+                self._engine,
+                self.name,
+                self._parser,
+                self._tool_strict_level,
+                self.reasoning_parser,
             )
         return ResponsesApi(self._responses, body)
 

@@ -41,9 +41,14 @@ _ECHOED = ("store", "previous_response_id")
 
 
 def build_serving(
-    engine: AsyncLLM, served_name: str, tool_call_parser: str | None, tool_strict_level: str
+    engine: AsyncLLM,
+    served_name: str,
+    tool_call_parser: str | None,
+    tool_strict_level: str,
+    reasoning_parser: str | None,
 ) -> OpenAIServingResponses:
-    """vLLM's Responses handler on the replica's engine, its store off."""
+    """vLLM's Responses handler on the replica's engine, its store off; with the type's
+    reasoning parser, a reply's reasoning is a reasoning item."""
     client = CountingEngineClient(engine)
     models = OpenAIServingModels(
         engine_client=client,
@@ -61,7 +66,7 @@ def build_serving(
         exclude_tools_when_tool_choice_none=False,
         tool_parser=tool_call_parser,
         tool_strict_level=tool_strict_level,
-        reasoning_parser=None,
+        reasoning_parser=reasoning_parser,
         default_chat_template_kwargs=None,
         log_error_stack=False,
     )
@@ -74,6 +79,7 @@ def build_serving(
         chat_template_content_format="auto",
         enable_auto_tools=tool_call_parser is not None,
         tool_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser or "",
         enable_prompt_tokens_details=True,
     )
     if serving.enable_store:

@@ -129,6 +129,7 @@ READ = (
             "chat_template_content_format",
             "enable_auto_tools",
             "tool_parser",
+            "reasoning_parser",
             "enable_prompt_tokens_details",
         ),
     ),

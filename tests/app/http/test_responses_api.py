@@ -117,8 +117,9 @@ async def test_no_key_no_answer(api, saved):
     ("body", "param"),
     [
         ({"background": True}, "background"),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"include": ["file_search_call.results"]}, "include[0]"),
+        ({"reasoning": {"summary": "detailed"}}, "reasoning.summary"),
+        ({"input": [{"type": "reasoning", "content": "x"}]}, "input[0].content"),
         ({"truncation": "auto"}, "truncation"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"made_up": 1}, "made_up"),
@@ -163,6 +164,41 @@ def test_off_values_that_sdks_send_are_accepted():
             "service_tier": "auto",
         }
     ).check()
+
+
+def test_what_codex_sends_on_every_turn_is_accepted_and_reasoning_comes_back_as_input():
+    """Codex sends `reasoning` and `include: ["reasoning.encrypted_content"]` with `store:
+    false`, and the reasoning items of the last turn back as input."""
+    request = ResponseCreateRequest.model_validate(
+        {
+            "model": FAST,
+            "store": False,
+            "reasoning": {"effort": "medium", "summary": "auto"},
+            "include": ["reasoning.encrypted_content"],
+            "input": [
+                {"type": "message", "role": "user", "content": "hi"},
+                {
+                    "type": "reasoning",
+                    "id": "rs_1",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": "think"}],
+                    "encrypted_content": None,
+                },
+                {"type": "message", "role": "assistant", "content": "hello"},
+            ],
+        }
+    )
+    request.check()
+    reasoning = request.new_items()[1]
+    assert reasoning == {
+        "id": "rs_1",
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "think"}],
+    }
+    payload = request.payload("resp_x", request.new_items())
+    assert payload["reasoning"] == {"effort": "medium", "summary": "auto"}
+    assert payload["include"] == ["reasoning.encrypted_content"]
 
 
 async def test_unsupported_query_parameters_are_refused(api, keys, saved):

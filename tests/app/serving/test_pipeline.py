@@ -99,10 +99,47 @@ def test_an_automatic_tool_choice_needs_a_parser_a_forced_one_does_not(choice, n
         assert info.value.param == "tool_choice" and "no tool-call parser" in info.value.message
 
 
-def test_reasoning_effort_needs_a_reasoning_parser():
-    with pytest.raises(ApiError) as info:
-        ChatCall(chat(reasoning_effort="low")).check_against_model(WITH_PARSER)
-    assert info.value.param == "reasoning_effort"
+def test_reasoning_needs_a_reasoning_parser_with_the_same_answer_on_every_api():
+    from app.anthropic.messages import MessagesRequest
+    from app.serving.messages_call import MessagesCall
+
+    hi = [{"role": "user", "content": "hi"}]
+    asking = [
+        (ChatCall(chat(reasoning_effort="low")), "reasoning_effort"),
+        (responses(reasoning={"effort": "high"}), "reasoning"),
+        (
+            MessagesCall(
+                MessagesRequest(
+                    model=FAST,
+                    max_tokens=2048,
+                    messages=hi,
+                    thinking={"type": "enabled", "budget_tokens": 1024},
+                )
+            ),
+            "thinking",
+        ),
+        (
+            MessagesCall(
+                MessagesRequest(
+                    model=FAST, max_tokens=5, messages=hi, output_config={"effort": "low"}
+                )
+            ),
+            "output_config.effort",
+        ),
+    ]
+    reasons = WITH_PARSER._replace(reasoning_parser="deepseek_v3")
+    for call, param in asking:
+        with pytest.raises(ApiError) as info:
+            call.check_against_model(WITH_PARSER)
+        assert (info.value.status, info.value.code, info.value.param) == (
+            400,
+            "unsupported_parameter",
+            param,
+        )
+        assert info.value.message.startswith(f"{FAST} does not reason before answering: {param}")
+        call.check_against_model(reasons)
+    # Effort none asks for no reasoning: served on any type.
+    responses(reasoning={"effort": "none"}).check_against_model(WITH_PARSER)
 
 
 async def test_a_reply_larger_than_the_whole_plan_is_429_without_retry(limits):  # noqa: F811

@@ -1,0 +1,112 @@
+"""A type that reasons, on every API: ServiceAi-Pro (vLLM's `deepseek_v3` reasoning parser; the
+tiny model's template opens <think> when asked, as opt-in templates do). The random model
+rarely closes its thinking: a reply that reasons is reasoning up to its limit."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import openai
+
+from tests.conftest import Stack
+
+PRO = "ServiceAi-Pro"
+HI = [{"role": "user", "content": "hi"}]
+
+
+def reasoning_of(message) -> str | None:
+    extra = message.model_extra or {}
+    return extra.get("reasoning") or extra.get("reasoning_content")
+
+
+def test_chat_reasons_when_asked_and_answers_plainly_otherwise(client: openai.OpenAI):
+    plain = client.chat.completions.create(
+        model=PRO, messages=HI, max_tokens=8, extra_body={"ignore_eos": True}
+    )
+    assert plain.choices[0].message.content and not reasoning_of(plain.choices[0].message)
+    thought = client.chat.completions.create(
+        model=PRO,
+        messages=HI,
+        max_tokens=8,
+        reasoning_effort="high",
+        extra_body={"ignore_eos": True},
+    )
+    assert reasoning_of(thought.choices[0].message)
+    assert thought.usage.completion_tokens == 8
+    stream = client.chat.completions.create(
+        model=PRO, messages=HI, max_tokens=8, reasoning_effort="low", stream=True
+    )
+    streamed = "".join(
+        reasoning_of(chunk.choices[0].delta) or "" for chunk in stream if chunk.choices
+    )
+    assert streamed
+
+
+def test_responses_reason_and_take_their_reasoning_back_as_codex_sends_it(client: openai.OpenAI):
+    first = client.responses.create(
+        model=PRO,
+        input="hi",
+        reasoning={"effort": "medium", "summary": "auto"},
+        include=["reasoning.encrypted_content"],
+        store=False,
+        max_output_tokens=8,
+    )
+    [reasoning] = [item for item in first.output if item.type == "reasoning"]
+    assert reasoning.content and reasoning.content[0].text
+    # Stateless, as Codex: the whole conversation again, the reasoning item included.
+    again = client.responses.create(
+        model=PRO,
+        input=[
+            {"role": "user", "content": "hi"},
+            reasoning.model_dump(exclude_none=True),
+            {"role": "user", "content": "and now?"},
+        ],
+        reasoning={"effort": "low"},
+        include=["reasoning.encrypted_content"],
+        store=False,
+        max_output_tokens=8,
+    )
+    assert again.status in ("completed", "incomplete")
+    with client.responses.stream(
+        model=PRO, input="hi", reasoning={"effort": "high"}, max_output_tokens=8
+    ) as events:
+        kinds = {event.type for event in events}
+    assert "response.reasoning_text.delta" in kinds
+
+
+def test_messages_think_in_thinking_blocks(stack: Stack):
+    claude = anthropic.Anthropic(base_url=stack.origin, api_key=stack.api_key, max_retries=0)
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    message = claude.messages.create(model=PRO, max_tokens=1100, messages=HI, thinking=thinking)
+    assert message.content[0].type == "thinking" and message.content[0].thinking
+    with claude.messages.stream(
+        model=PRO, max_tokens=1100, messages=HI, thinking=thinking
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert "thinking" in {block.type for block in final.content}
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+
+
+def test_the_effort_a_client_sets_reaches_the_model_on_messages_too(stack: Stack):
+    response = httpx.post(
+        f"{stack.origin}/v1/messages",
+        headers={"x-api-key": stack.api_key},
+        json={
+            "model": PRO,
+            "max_tokens": 8,
+            "messages": HI,
+            "output_config": {"effort": "low"},
+            "stream": True,
+        },
+        timeout=60,
+    )
+    events = [
+        json.loads(line.removeprefix("data: "))
+        for line in response.text.splitlines()
+        if line.startswith("data: ")
+    ]
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert starts[0] == "thinking", starts
