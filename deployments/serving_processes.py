@@ -41,9 +41,10 @@ from deployments.wire import SERVING_PROCESS_NAMESPACE, EngineUnavailable, Reply
 logger = logging.getLogger("ray.serve")
 
 SPREAD_FROM = int(os.environ.get("SERVICEAI_STREAM_FEED_MIN_STREAMS", "16"))
-"""The replica serves requests itself until it runs this many: below, the ingress would not
-open a feed on a serving process (the same setting, app/config/settings.py), and each of its
-stream's parts would pass through the replica."""
+"""The replica serves requests itself until it runs this many, the streams at which the ingress
+opens a feed on one process (the same setting, app/config/settings.py): below, a stream has no
+feed to go by, and its parts would pass through the replica. The ingress opens its feed on a
+serving process with its first stream there."""
 ENGINE_WATCH_S = 0.5
 """How often the replica looks whether its engine core died."""
 HEALTH_TIMEOUT_S = 10.0

@@ -159,11 +159,10 @@ class Feeds:
         replica = first.replica
         if replica is not None:
             self._streams_on[replica] += 1
-            if (
-                replica not in self._open
-                and self._streams_on[replica] >= self._min_streams
-                and not first.last
-            ):
+            # A serving process gets streams only from a busy replica: a feed there at once,
+            # or each of its stream's parts would pass through the replica.
+            enough = self._streams_on[replica] >= self._min_streams or serving_process(replica)
+            if replica not in self._open and enough and not first.last:
                 self._open[replica] = asyncio.ensure_future(self._read(replica))
         return StreamParts(self, key, call, first)
 

@@ -175,3 +175,53 @@ async def test_a_stream_that_fails_before_its_first_part_leaves_no_inbox():
     key = feeds.next_key()
     feeds.forget(key)
     assert key not in feeds._inboxes
+
+
+class ProcessFeed:
+    """A serving process's feed call as Ray returns it: each item an awaitable object ref."""
+
+    def __init__(self) -> None:
+        self.batches: asyncio.Queue = asyncio.Queue()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        batch = await self.batches.get()
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(batch)
+        return done
+
+
+async def test_a_feed_opens_on_a_serving_process_with_its_first_stream(monkeypatch):
+    calls: list[tuple] = []
+    feed = ProcessFeed()
+
+    def remote(*args):
+        calls.append(args)
+        return feed
+
+    actor = SimpleNamespace(
+        feed=SimpleNamespace(options=lambda **options: SimpleNamespace(remote=remote))
+    )
+    found: list[tuple] = []
+    monkeypatch.setattr(
+        app_feeds.ray,
+        "get_actor",
+        lambda name, namespace: found.append((name, namespace)) or actor,
+    )
+    handle = Handle()
+    feeds = Feeds(handle, min_streams=16)
+    feeds.opened(feeds.next_key(), Call(), first(replica="r1/1"))
+    feed.batches.put_nowait([])  # the feed's opening message
+    await settle()
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+        if calls:
+            break
+    assert found == [("r1/1", "serviceai")] and calls == [(INGRESS_ID,)]
+    assert handle.feeds == []  # not a Serve call: the process, found by its name
+    key = feeds.next_key()
+    parts = feeds.opened(key, Call(), first(replica="r1/1", via_feed=True))
+    feed.batches.put_nowait([FeedItem(key, token(1, last=True))])
+    assert (await anext(parts)).last
