@@ -226,11 +226,12 @@ class FeedCall:
     def __init__(self, streaming: DeploymentHandle, replica: str) -> None:
         self._streaming = streaming
         self._replica = replica
+        self._process = serving_process(replica)
         self._call = None
 
     async def open(self) -> None:
         """Start the call and wait for its opening (empty) batch."""
-        if not serving_process(self._replica):
+        if not self._process:
             self._call = self._streaming.feed.remote(INGRESS_ID, feed_for=self._replica)
             await self._call.__anext__()
             return
@@ -247,7 +248,7 @@ class FeedCall:
         return self
 
     async def __anext__(self) -> list[FeedItem]:
-        if not serving_process(self._replica):
+        if not self._process:
             return await self._call.__anext__()
         try:
             return await (await self._call.__anext__())
@@ -258,7 +259,7 @@ class FeedCall:
     def cancel(self) -> None:
         if self._call is None:
             return
-        if serving_process(self._replica):
+        if self._process:
             ray.cancel(self._call)
         else:
             self._call.cancel()
