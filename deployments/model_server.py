@@ -21,7 +21,7 @@ from deployments import ray_internals
 from deployments.engine_serving import EngineServing
 from deployments.feed_hub import FeedHub, FeedItem
 from deployments.garbage_collection import collect_less_often
-from deployments.model_type import TINY_MODEL, ModelTypeConfig, tiny_model_dir
+from deployments.model_type import ModelTypeConfig, generated_model
 from deployments.replica_log import kept_through_logging_setup
 from deployments.serving_processes import ServingProcesses
 from deployments.wire import ModelInfo, ReplyPart
@@ -44,10 +44,7 @@ class ModelServer:
         ray_internals.check()
         vllm_internals.check()
         model = config.resolved_model()
-        if model == TINY_MODEL:
-            from deployments.tiny_model import ensure
-
-            model = str(ensure(tiny_model_dir()))
+        model = str(generated_model(model) or model)
         logger.info("Starting the engine of %s", config.name)
         self._replica = serve.get_replica_context().replica_id.unique_id
         processes = None
@@ -195,9 +192,6 @@ def build_model_type_app(config: ModelTypeConfig) -> Application:
 
 
 def ensure_local_model(config: ModelTypeConfig) -> Path | None:
-    """Generate the tiny model up front when this type serves it (keeps replica start fast)."""
-    if config.resolved_model() != TINY_MODEL:
-        return None
-    from deployments.tiny_model import ensure
-
-    return ensure(tiny_model_dir())
+    """Generate the type's model up front when it is a generated one (keeps replica start
+    fast)."""
+    return generated_model(config.resolved_model())

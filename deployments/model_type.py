@@ -75,7 +75,8 @@ class ModelTypeConfig(BaseModel):
     description: str = Field("", description="Defaults to the catalog's (deployments.catalog).")
     model: str = Field(
         TINY_MODEL,
-        description="Hugging Face id or local path; 'tiny' generates the test model. "
+        description="Hugging Face id or local path; 'tiny' generates the test model, "
+        "'tiny-long' its long-context variant (deployments.tiny_model.VARIANTS). "
         "Overridden by the environment variable named in `model_env`.",
     )
     model_env: str | None = Field(
@@ -311,3 +312,14 @@ class ModelTypeConfig(BaseModel):
 def tiny_model_dir() -> Path:
     """Where the generated test model lives (SERVICEAI_TINY_MODEL_DIR, else ./models/tiny)."""
     return Path(os.environ.get("SERVICEAI_TINY_MODEL_DIR", PROJECT_ROOT / "models" / "tiny"))
+
+
+def generated_model(model: str) -> Path | None:
+    """The folder of a generated model (`tiny`, `tiny-long`), made here unless it is already
+    there; None for any other model (a path or a Hugging Face id)."""
+    from deployments.tiny_model import VARIANTS, ensure
+
+    if model not in VARIANTS:
+        return None
+    folder = tiny_model_dir() if model == TINY_MODEL else tiny_model_dir().parent / model
+    return ensure(folder, model)

@@ -80,10 +80,51 @@ PREFILL_HEAVY = {
 """Some 3M parameters: on two cores a 1,400-token prefill takes a good part of a TTFT, as a
 real model's does on a GPU (bench/prefix_affinity.py --model prefill-heavy)."""
 
+VARIANTS: dict[str, dict] = {
+    "tiny": {},
+    # The tiny model with a tokenizer that reads English and code as real ones do (some three
+    # characters a token, trained on Python's own reference text) and 65,536 positions: Claude
+    # Code's first request, its system prompt and tool set (~50 KB), is ~17,000 tokens here.
+    # Its replies end (ends_replies): an agent such as Claude Code takes a reply cut at
+    # max_tokens for a failure, and among 8,192 tokens a random model's end of turn is almost
+    # never one of its five likeliest.
+    "tiny-long": {
+        "vocab_size": 8192,
+        "corpus": "reference",
+        "max_positions": 65536,
+        "ends_replies": True,
+    },
+}
+"""The generated models a type's `model` may name, and how each differs from the tiny one."""
 
-def generate(out_dir: Path, vocab_size: int = 512, seed: int = 0, dims: dict | None = None) -> Path:
-    """Write a tokenizer and a randomly initialised LlamaForCausalLM (`dims`, default TINY)
-    into out_dir."""
+
+def _corpus(name: str) -> list[str]:
+    if name == "reference":
+        import pydoc_data.topics  # the interpreter's own help text: fixed for a Python version
+
+        return CORPUS + list(pydoc_data.topics.topics.values())
+    return CORPUS
+
+
+END_OF_TURN_EVERY = 8
+"""With `ends_replies`, every 8th ordinary token ends a turn as <|im_end|> does (the model's
+generation_config lists them as end-of-sequence ids, which vLLM stops on as on its own): at the
+model's top_k 5 and temperature 0.8 a reply ends after ~15 tokens on average, and 60 of 60
+sampled (after a short prompt, after Claude Code's) within 60."""
+
+
+def generate(
+    out_dir: Path,
+    vocab_size: int = 512,
+    seed: int = 0,
+    dims: dict | None = None,
+    corpus: str = "tiny",
+    max_positions: int = 2048,
+    ends_replies: bool = False,
+) -> Path:
+    """Write a tokenizer trained on `corpus` and a randomly initialised LlamaForCausalLM
+    (`dims`, default TINY) with `max_positions` positions into out_dir; `ends_replies`: one
+    whose replies end after some tens of tokens (END_OF_TURN_EVERY)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
@@ -103,7 +144,7 @@ def generate(out_dir: Path, vocab_size: int = 512, seed: int = 0, dims: dict | N
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
+    tokenizer.train_from_iterator(_corpus(corpus), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<|endoftext|>",
@@ -112,14 +153,14 @@ def generate(out_dir: Path, vocab_size: int = 512, seed: int = 0, dims: dict | N
         unk_token="<|endoftext|>",
     )
     fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = 2048
+    fast.model_max_length = max_positions
     fast.save_pretrained(out_dir)
 
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(fast),
         **(dims or TINY),
-        max_position_embeddings=2048,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
@@ -127,56 +168,73 @@ def generate(out_dir: Path, vocab_size: int = 512, seed: int = 0, dims: dict | N
         torch_dtype="float32",
     )
     model = LlamaForCausalLM(config).to(torch.float32)
+    ends = range(len(SPECIAL_TOKENS), len(fast), END_OF_TURN_EVERY) if ends_replies else ()
     model.generation_config = GenerationConfig(
         bos_token_id=fast.bos_token_id,
-        eos_token_id=fast.eos_token_id,
+        eos_token_id=[fast.eos_token_id, *ends] if ends else fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
         **GENERATION_DEFAULTS,
     )
     model.save_pretrained(out_dir, safe_serialization=True)
     (out_dir / MARKER).write_text(
-        json.dumps({"seed": seed, "vocab_size": vocab_size, "version": VERSION})
+        json.dumps(
+            {
+                "seed": seed,
+                "vocab_size": vocab_size,
+                "corpus": corpus,
+                "max_positions": max_positions,
+                "ends_replies": ends_replies,
+                "version": VERSION,
+            }
+        )
     )
     return out_dir
 
 
-def ensure(out_dir: Path) -> Path:
-    """Generate the model unless a complete one is already in out_dir.
+def ensure(out_dir: Path, variant: str = "tiny") -> Path:
+    """Generate the model (one of VARIANTS) unless a complete one is already in out_dir.
 
     Several replicas may call this at once: each writes a private folder and renames it
     into place, so a reader never sees a half-written model.
     """
-    if _is_current(out_dir):
+    if _is_current(out_dir, variant):
         return out_dir
     if (out_dir / MARKER).exists():
         shutil.rmtree(out_dir)  # an older version: make it again
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out_dir.parent))
     try:
-        generate(staging)
+        generate(staging, **VARIANTS[variant])
         try:
             staging.rename(out_dir)
         except OSError:
-            if not _is_current(out_dir):
+            if not _is_current(out_dir, variant):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 
 
-def _is_current(out_dir: Path) -> bool:
+def _is_current(out_dir: Path, variant: str) -> bool:
+    recipe = {"vocab_size": 512, "corpus": "tiny", "max_positions": 2048, "ends_replies": False}
+    recipe.update(VARIANTS[variant])
     try:
-        return json.loads((out_dir / MARKER).read_text()).get("version") == VERSION
+        marker = json.loads((out_dir / MARKER).read_text())
     except (OSError, ValueError):
         return False
+    return all(marker.get(k) == v for k, v in {**recipe, "version": VERSION}.items())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path, nargs="?", default=Path("models/tiny"))
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="tiny")
     parser.add_argument("--force", action="store_true", help="regenerate even if present")
     args = parser.parse_args()
-    path = generate(args.out_dir) if args.force else ensure(args.out_dir)
+    if args.force:
+        path = generate(args.out_dir, **VARIANTS[args.variant])
+    else:
+        path = ensure(args.out_dir, args.variant)
     print(path)
 
 

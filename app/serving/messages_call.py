@@ -34,8 +34,9 @@ class MessagesCall(RelayedCall):
         body = self.body
         choice = (body.tool_choice or {}).get("type")
         check_tools(model, body.tools, _TOOL_CHOICES.get(choice, choice))
+        # An effort alone asks for no thinking (as on Anthropic's API; Claude Code sends one on
+        # every turn): only `thinking` needs a type that reasons.
         check_reasoning(model, body.thinks, "thinking")
-        check_reasoning(model, body.effort is not None, "output_config.effort")
 
     def error_event(self, error: ApiError) -> bytes:
         """Anthropic's clients raise on an `error` event."""

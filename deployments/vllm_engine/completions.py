@@ -67,7 +67,7 @@ class _SseApi:
     def schema_param(self, body: dict[str, Any]) -> str:
         return "response_format" if body.get("response_format") else "tools"
 
-    async def events(self, stream: AsyncIterator[str]) -> AsyncIterator[Event]:
+    async def events(self, stream: AsyncIterator[str], request: Any) -> AsyncIterator[Event]:
         """vLLM reports a failure inside a stream as an error event: raised here as the error
         it is (a refusal of the request, a 4xx, or the engine's failure), for the ingress to
         frame."""

@@ -26,6 +26,7 @@ from deployments.vllm_engine.replies import Event, stream_failure
 _ERROR_EVENT = "event: error\n"
 _LAST_EVENT = "event: message_stop\n"
 _VLLM_ONLY = {"kv_transfer_params", "ec_transfer_params"}
+_THINKING_DELTA = '"type":"thinking_delta"'
 
 
 class MessagesApi:
@@ -46,15 +47,24 @@ class MessagesApi:
     def schema_param(self, body: dict[str, Any]) -> str:
         return "tools"
 
-    def body(self, result: AnthropicMessagesResponse, request: Any) -> bytes:
+    def body(self, result: AnthropicMessagesResponse, request: AnthropicMessagesRequest) -> bytes:
+        if _thinking_omitted(request):
+            for block in result.content:
+                if block.type == "thinking":
+                    block.thinking = ""
         return result.model_dump_json(exclude=_VLLM_ONLY, exclude_none=True).encode()
 
-    async def events(self, stream: AsyncIterator[str]) -> AsyncIterator[Event]:
+    async def events(
+        self, stream: AsyncIterator[str], request: AnthropicMessagesRequest
+    ) -> AsyncIterator[Event]:
         """Anthropic's events as vLLM writes them; its `error` event is raised."""
+        omitted = _thinking_omitted(request)
         try:
             async for event in stream:
                 if event.startswith(_ERROR_EVENT):
                     raise stream_failure(RuntimeError(_error_message(event)))
+                if omitted and _THINKING_DELTA in event:
+                    continue
                 yield Event(event.encode(), last=event.startswith(_LAST_EVENT))
         finally:
             await stream.aclose()
@@ -67,6 +77,12 @@ class MessagesApi:
             )
         )
         return counted if isinstance(counted, ErrorResponse) else counted.input_tokens
+
+
+def _thinking_omitted(request: AnthropicMessagesRequest) -> bool:
+    """`thinking.display: omitted`: thinking blocks come without their text (their signature
+    stays, as Anthropic sends them), which vLLM's handler leaves to the gateway."""
+    return getattr(request.thinking, "display", None) == "omitted"
 
 
 def _error_message(event: str) -> str:

@@ -64,7 +64,7 @@ class ServedApi(Protocol):
     def body(self, result: Any, request: Any) -> bytes:
         """A whole result of `request`, encoded as the client gets it."""
 
-    def events(self, stream: Any) -> AsyncIterator[Event]:
+    def events(self, stream: Any, request: Any) -> AsyncIterator[Event]:
         """A stream's events, encoded; an error event of vLLM's is raised as its refusal."""
 
     async def prompt_tokens(self, request: Any) -> int | ErrorResponse:
@@ -133,7 +133,8 @@ async def serve(
             end = start + MAX_PART_BYTES
             yield ReplyPart(data[start:end], count.prompt, count.completion, end >= len(data))
         return
-    events = EventBatcher(api.events(result)) if batched else _one_by_one(api.events(result))
+    events = api.events(result, request)
+    events = EventBatcher(events) if batched else _one_by_one(events)
     try:
         async for data, final, last in events:
             yield ReplyPart(data, count.prompt, count.completion, last, final)

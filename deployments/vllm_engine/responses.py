@@ -128,7 +128,7 @@ class ResponsesApi:
         _compact_calls(response)
         _echoed(response, self._echo)
 
-    async def events(self, stream: AsyncIterator[Any]) -> AsyncIterator[Event]:
+    async def events(self, stream: AsyncIterator[Any], request: Any) -> AsyncIterator[Event]:
         """OpenAI's stream events, encoded; the terminal one held apart (`final`)."""
         try:
             async for event in stream:

@@ -34,3 +34,18 @@ def test_ensure_keeps_an_existing_model(tmp_path):
     before = (folder / "model.safetensors").stat().st_mtime_ns
     ensure(folder)
     assert (folder / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_the_long_variant_reads_text_as_real_tokenizers_do_and_ends_its_replies(tmp_path):
+    from transformers import GenerationConfig
+
+    folder = ensure(tmp_path / "tiny-long", "tiny-long")
+    assert AutoConfig.from_pretrained(folder).max_position_embeddings == 65536
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    text = "Use the Read tool to read a file before you edit it with the Edit tool. " * 10
+    assert len(tokenizer.encode(text)) < len(text) / 3  # the tiny model's: ~1 per character
+    ends = GenerationConfig.from_pretrained(folder).eos_token_id
+    assert ends[0] == tokenizer.eos_token_id and 1000 < len(ends) < 1100  # 1 in 8
+    # A folder of another variant is made again, not taken for this one.
+    tiny = ensure(tmp_path / "tiny-long")
+    assert AutoConfig.from_pretrained(tiny).max_position_embeddings == 2048

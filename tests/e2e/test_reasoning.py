@@ -90,17 +90,12 @@ def test_messages_think_in_thinking_blocks(stack: Stack):
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
 
 
-def test_the_effort_a_client_sets_reaches_the_model_on_messages_too(stack: Stack):
+def first_blocks(stack: Stack, **fields) -> list[str]:
+    """The types of a streamed message's content blocks, read off the raw events."""
     response = httpx.post(
         f"{stack.origin}/v1/messages",
         headers={"x-api-key": stack.api_key},
-        json={
-            "model": PRO,
-            "max_tokens": 8,
-            "messages": HI,
-            "output_config": {"effort": "low"},
-            "stream": True,
-        },
+        json={"model": PRO, "max_tokens": 8, "messages": HI, "stream": True, **fields},
         timeout=60,
     )
     events = [
@@ -108,5 +103,12 @@ def test_the_effort_a_client_sets_reaches_the_model_on_messages_too(stack: Stack
         for line in response.text.splitlines()
         if line.startswith("data: ")
     ]
-    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
-    assert starts[0] == "thinking", starts
+    return [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+
+
+def test_messages_think_when_thinking_is_asked_for_at_the_effort_the_client_sets(stack: Stack):
+    effort = {"output_config": {"effort": "low"}}
+    assert first_blocks(stack, thinking={"type": "adaptive"}, **effort)[0] == "thinking"
+    # As Anthropic's: an effort alone (Claude Code sends one on every turn) opens no thinking.
+    assert "thinking" not in first_blocks(stack, **effort)
+    assert "thinking" not in first_blocks(stack, thinking={"type": "disabled"}, **effort)

@@ -9,6 +9,7 @@ import pytest
 from app.accounts.auth import KeyVerifier
 from app.accounts.keystore import KeyStore
 from app.anthropic import envelope
+from app.anthropic.messages import MessagesRequest
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
 from app.serving.dispatch import ModelEndpoints
@@ -112,3 +113,49 @@ async def test_a_type_with_no_replica_is_overloaded_529():
 async def test_the_openai_apis_keep_openais_envelope(messages):
     response = await messages.post("/v1/chat/completions", json={"model": FAST})
     assert set(response.json()) == {"error"}
+
+
+def turn(*blocks: str) -> dict:
+    return {"role": "assistant", "content": [{"type": b, b: "x"} for b in blocks]}
+
+
+@pytest.mark.parametrize(
+    ("keep", "thinking_left_in"),
+    [
+        ("all", [1, 3, 5]),
+        ({"type": "thinking_turns", "value": 2}, [3, 5]),
+        (None, [5]),  # Anthropic's default: the last turn's
+    ],
+)
+def test_clear_thinking_leaves_thinking_in_the_last_turns_only(keep, thinking_left_in):
+    user = {"role": "user", "content": "hi"}
+    messages = [user, turn("thinking", "text"), user, turn("redacted_thinking", "text")]
+    messages += [user, turn("thinking", "text"), user]
+    edit = {"type": "clear_thinking_20251015"} | ({} if keep is None else {"keep": keep})
+    request = MessagesRequest(
+        model=FAST, max_tokens=4, messages=messages, context_management={"edits": [edit]}
+    )
+    assert request.unsupported_field() is None
+    body = request.to_engine()
+    assert "context_management" not in body
+    turns = [(i, m["content"]) for i, m in enumerate(body["messages"]) if m["role"] == "assistant"]
+    assert [i for i, content in turns if len(content) == 2] == thinking_left_in
+    assert all(content[-1]["type"] == "text" for _, content in turns)
+
+
+@pytest.mark.parametrize(
+    ("context_management", "named"),
+    [
+        ({"edits": [{"type": "clear_tool_uses_20250919"}]}, "context_management.edits[0]"),
+        (
+            {"edits": [{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns"}}]},
+            "context_management.edits[0].keep",
+        ),
+        ({"edits": {"type": "clear_thinking_20251015"}}, "context_management.edits"),
+    ],
+)
+def test_other_context_edits_are_refused_by_name(context_management, named):
+    request = MessagesRequest(
+        model=FAST, max_tokens=4, messages=HI, context_management=context_management
+    )
+    assert request.unsupported_field()[0] == named

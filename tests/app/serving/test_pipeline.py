@@ -118,14 +118,6 @@ def test_reasoning_needs_a_reasoning_parser_with_the_same_answer_on_every_api():
             ),
             "thinking",
         ),
-        (
-            MessagesCall(
-                MessagesRequest(
-                    model=FAST, max_tokens=5, messages=hi, output_config={"effort": "low"}
-                )
-            ),
-            "output_config.effort",
-        ),
     ]
     reasons = WITH_PARSER._replace(reasoning_parser="deepseek_v3")
     for call, param in asking:
@@ -138,8 +130,14 @@ def test_reasoning_needs_a_reasoning_parser_with_the_same_answer_on_every_api():
         )
         assert info.value.message.startswith(f"{FAST} does not reason before answering: {param}")
         call.check_against_model(reasons)
-    # Effort none asks for no reasoning: served on any type.
+    # Effort none asks for no reasoning, nor does a Messages effort without `thinking`: served
+    # on any type.
     responses(reasoning={"effort": "none"}).check_against_model(WITH_PARSER)
+    effort_alone = MessagesRequest(
+        model=FAST, max_tokens=5, messages=hi, output_config={"effort": "low"}
+    )
+    MessagesCall(effort_alone).check_against_model(WITH_PARSER)
+    assert effort_alone.to_engine()["thinking"] == {"type": "disabled"}
 
 
 async def test_a_reply_larger_than_the_whole_plan_is_429_without_retry(limits):  # noqa: F811

@@ -47,7 +47,7 @@ class StandInApi:
     def body(self, result: Any, request: Any) -> bytes:
         return result
 
-    def events(self, stream: Any):
+    def events(self, stream: Any, request: Any):
         return self._stream()
 
     def schema_param(self, body: dict) -> str:
@@ -256,7 +256,7 @@ async def sse_events(*lines: str) -> list:
             yield line
 
     api = ChatApi(SimpleNamespace(create_chat_completion=None))
-    return [event async for event in api.events(stream())]
+    return [event async for event in api.events(stream(), None)]
 
 
 async def test_chat_events_mark_done_as_the_last():

@@ -45,7 +45,7 @@ async def test_a_streams_terminal_event_is_held_apart_for_the_gateway_to_store_f
         yield StreamEvent("response.output_text.delta")
         yield StreamEvent("response.completed", ResponseObject(store=False))
 
-    events = [event async for event in api.events(stream())]
+    events = [event async for event in api.events(stream(), None)]
     assert [e.last for e in events] == [False, False, True]
     assert events[0].data.startswith(b"event: response.created\ndata: ")
     assert b'"store": true' in events[0].data

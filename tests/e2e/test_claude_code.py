@@ -1,0 +1,137 @@
+"""Claude Code itself (`@anthropic-ai/claude-code`, pinned in tests/e2e/node) against the service.
+
+`claude -p` sends what Claude Code sends on every turn: its long system prompt and its tool
+set (~50 KB; ~17,000 tokens with the long-context model's tokenizer), `thinking` with
+`display: omitted`, `context_management`, a `system` message among the messages, tools with
+`defer_loading`, to `/v1/messages?beta=true` with `Authorization: Bearer`. The type it lands on
+is the local profile's Pro (a reasoning parser, hermes tools) on the generated `tiny-long`
+model, whose 65,536 positions hold that prompt; the tiny model's 2,048 do not.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import anthropic
+import pytest
+
+from tests.conftest import Stack, app_args
+from tests.e2e.test_limits import ingress_app, new_user, usage_of
+
+CLAUDE = Path(__file__).with_name("node") / "node_modules" / ".bin" / "claude"
+LONG = "ServiceAi-Long"
+CONTEXT = 65536
+
+
+def long_context_type() -> dict:
+    """The local profile's ServiceAi-Pro, renamed, on the tiny-long model."""
+    pro = next(t for t in app_args()["model_types"] if t["name"] == "ServiceAi-Pro")
+    engine_args = {**pro["engine_args"], "max_model_len": CONTEXT}
+    return {**pro, "name": LONG, "model": "tiny-long", "engine_args": engine_args}
+
+
+def with_long_type(plans: dict) -> dict:
+    """Every plan, with the long type's limits those of its Pro."""
+    return {name: {**plan, LONG: plan["ServiceAi-Pro"]} for name, plan in plans.items()}
+
+
+@pytest.fixture(scope="module")
+def agent(stack: Stack):
+    """(base URL, key): an application of its own with the long-context type, Claude Code's
+    model ids aliased to it, and a new pro-plan user's key."""
+    with ingress_app(
+        stack,
+        "claude",
+        models_app=None,
+        model_types=[long_context_type()],
+        model_aliases={"claude-*": LONG},
+        plans=with_long_type(app_args()["plans"]),
+    ) as base_url:
+        _, key = new_user(stack, plan="pro")
+        yield base_url.removesuffix("/v1"), key
+
+
+def test_claude_code_answers_through_the_service(agent, tmp_path: Path):
+    origin, key = agent
+    result = subprocess.run(
+        [str(CLAUDE), "-p", "Say hello in one word.", "--max-turns", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "ANTHROPIC_BASE_URL": origin,
+            "ANTHROPIC_AUTH_TOKEN": key,
+            # Thinking off: the random model would think until max_tokens, and Claude Code
+            # takes a reply cut there for a failure. Its effort still comes (`medium`).
+            "CLAUDE_CODE_DISABLE_THINKING": "1",
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
+            "DISABLE_TELEMETRY": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        },
+    )
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert result.stdout.strip(), result.stderr
+    usage = usage_of(f"{origin}/v1", key, 1)
+    assert usage["models"] == [LONG] and usage["requests"] == 1
+    # Its system prompt and tools, whole: far beyond the tiny model's 2,048 positions.
+    assert usage["prompt_tokens"] > 10_000
+    assert 0 < usage["completion_tokens"] < 512
+
+
+def test_claude_codes_request_shape_with_thinking_omitted(stack: Stack):
+    """What Claude Code sends besides, on the stack's Pro: a `system` message among the
+    messages, clear_thinking, a deferred tool, and thinking whose text it asks to leave out of
+    the reply (the blocks stay, empty, as Anthropic sends them)."""
+    claude = anthropic.Anthropic(base_url=stack.origin, api_key=stack.api_key, max_retries=0)
+    request = {
+        "model": "claude-opus-5-5",
+        "max_tokens": 16,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": [{"type": "text", "text": "Answer briefly."}]},
+        ],
+        "thinking": {"type": "adaptive"},
+        "tools": [
+            {
+                "name": "Later",
+                "description": "A tool the model finds by search.",
+                "input_schema": {"type": "object", "properties": {}},
+                "defer_loading": True,
+            }
+        ],
+        "extra_body": {
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+        },
+    }
+    shown = claude.messages.create(**request)
+    assert shown.content[0].type == "thinking" and shown.content[0].thinking
+    omitted = {**request, "thinking": {"type": "adaptive", "display": "omitted"}}
+    with claude.messages.stream(**omitted) as stream:
+        kinds = {event.type for event in stream}
+        streamed = stream.get_final_message()
+    assert "thinking" not in kinds  # no thinking_delta: the SDK's own thinking event
+    for message in (claude.messages.create(**omitted), streamed):
+        assert (message.content[0].type, message.content[0].thinking) == ("thinking", "")
+        assert 0 < message.usage.output_tokens <= 16  # thought and counted, not shown
+
+
+def test_context_edits_other_than_clear_thinking_are_refused_by_name(agent):
+    origin, key = agent
+    claude = anthropic.Anthropic(base_url=origin, api_key=key, max_retries=0)
+    for edits, param in (
+        ([{"type": "clear_tool_uses_20250919"}], "context_management.edits[0]"),
+        ([{"type": "clear_thinking_20251015", "keep": "none"}], "context_management.edits[0].keep"),
+    ):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.messages.create(
+                model="claude-opus-5-5",
+                max_tokens=4,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_body={"context_management": {"edits": edits}},
+            )
+        assert param in refused.value.message
