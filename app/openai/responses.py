@@ -32,7 +32,6 @@ BUILT_IN_TOOLS = (
 # Fields of OpenAI's request the service cannot honour, refused when set to anything but
 # their "off" value (SDKs send some of them as null or empty on every call).
 _REFUSED: dict[str, tuple[Any, ...]] = {
-    "background": (None, False),
     "prompt": (None,),
     "conversation": (None,),
     "truncation": (None, "disabled"),
@@ -117,6 +116,9 @@ class ResponseCreateRequest(BaseModel):
     parallel_tool_calls: bool | None = None
     store: bool = True
     stream: bool = False
+    background: bool = False
+    """Answer at once with the response queued; it is generated here, stored, and read with
+    GET /v1/responses/{id} (or cancelled) through any ingress replica."""
     previous_response_id: str | None = Field(None, max_length=64)
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
     user: str | None = None
@@ -127,6 +129,19 @@ class ResponseCreateRequest(BaseModel):
 
     def check(self) -> None:
         """Refuse what the service cannot honour: a 400 naming the field."""
+        if self.background and not self.store:
+            raise ApiError(
+                400,
+                "A background response is read back from the store: send store true.",
+                param="store",
+                code="invalid_value",
+            )
+        if self.background and self.stream:
+            raise unsupported(
+                "background",
+                "A background response is not streamed here: create it without stream and "
+                "poll GET /v1/responses/{id}, or stream it without background.",
+            )
         for name, value in (self.model_extra or {}).items():
             if name not in _REFUSED:
                 raise unsupported(name, f"'{name}' is not a parameter of /v1/responses.")
@@ -186,7 +201,7 @@ class ResponseCreateRequest(BaseModel):
         body = self.model_dump(
             exclude_none=True,
             by_alias=True,
-            exclude={*(self.model_extra or {})},
+            exclude={"background", *(self.model_extra or {})},
         )
         body.update(
             input=conversation,

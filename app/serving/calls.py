@@ -26,6 +26,7 @@ class RelayedCall:
     api: str
     prompt_bytes = 0
     keepalive: bytes | None = None
+    background = False
 
     def __init__(self, body: GenerationFields | MessagesRequest) -> None:
         self.body = body

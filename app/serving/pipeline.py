@@ -24,6 +24,7 @@ from app.observability.request_record import RequestRecord, record_of
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.openai.sse import EventStream
+from app.serving import background
 from app.serving.dispatch import ModelEndpoint, ModelEndpoints, PartStream, count_failure
 from deployments.wire import ModelInfo, ReplyPart
 
@@ -42,6 +43,8 @@ class ApiCall(Protocol):
     """The model replica's name for the API: "chat", "completion" or "responses"."""
     model: str
     stream: bool
+    background: bool
+    """Answered at once, generated after (app.serving.background): a Responses option."""
     reply: ReplyLength
     prompt_bytes: int
     """Bytes of the prompt beyond the request's body (a replayed history)."""
@@ -94,6 +97,10 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     )
     record.sent_to(endpoint.name, call.stream)
     ticket.shape(payload, call.reply, model)
+    if call.background:
+        queued = await call.queued(endpoint.name)
+        background.start(call, endpoint, payload, ticket)
+        return Response(queued, media_type="application/json", headers=ticket.headers)
     async with ticket.charging() as meter:
         if call.stream:
             first, parts = await endpoint.open_stream(call.api, payload, meter)

@@ -10,13 +10,14 @@ conversation at once.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import orjson
 
 from app.accounts.auth import Caller
 from app.accounts.keystore.errors import KeyStoreError
-from app.accounts.keystore.responses import ResponseStore
+from app.accounts.keystore.responses import UNFINISHED, ResponseStore
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.openai.responses import ResponseCreateRequest, new_response_id
@@ -34,13 +35,15 @@ class ResponsesCall:
         self.body = body
         self.model = body.model
         self.stream = body.stream
+        self.background = body.background
         self.reply = ReplyLength("max_output_tokens", body.max_output_tokens)
         self.prompt_bytes = 0
         self._caller = caller
         self._store = store
         self._new_items: list[dict[str, Any]] = []
         self._conversation: list[dict[str, Any]] = []
-        self._response_id = new_response_id()
+        self._queued: dict[str, Any] = {}
+        self.response_id = new_response_id()
 
     def check_fields(self) -> None:
         """Fields, tools and input items it cannot honour: a 400 naming them."""
@@ -60,6 +63,14 @@ class ResponsesCall:
             previous = await self._store.get(
                 self._caller.user_id, previous_id, param="previous_response_id"
             )
+            if previous.status in UNFINISHED:
+                raise ApiError(
+                    400,
+                    f"Response '{previous_id}' is still {previous.status}: a conversation "
+                    "continues from a finished response.",
+                    param="previous_response_id",
+                    code="invalid_value",
+                )
             history = previous.conversation()
             self.prompt_bytes = len(orjson.dumps(history))
             conversation = [*history, *conversation]
@@ -68,12 +79,67 @@ class ResponsesCall:
         self._conversation = conversation
 
     def payload(self) -> dict:
-        return self.body.payload(self._response_id, self._conversation)
+        return self.body.payload(self.response_id, self._conversation)
 
     async def whole(self, data: bytes) -> bytes:
         response = orjson.loads(data)
         await self._keep(response)
         return orjson.dumps(response)
+
+    async def queued(self, model: str) -> bytes:
+        """A background response as it starts: stored queued, as the client gets it now."""
+        self._queued = {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "queued",
+            "background": True,
+            "model": model,
+            "output": [],
+            "error": None,
+            "incomplete_details": None,
+            "usage": None,
+            **self.body.model_dump(
+                include={
+                    "instructions",
+                    "max_output_tokens",
+                    "metadata",
+                    "parallel_tool_calls",
+                    "previous_response_id",
+                    "reasoning",
+                    "store",
+                    "temperature",
+                    "text",
+                    "tool_choice",
+                    "tools",
+                    "top_p",
+                    "user",
+                },
+                by_alias=True,
+            ),
+        }
+        await self._store.save(self._caller.user_id, self._conversation, self._queued)
+        return orjson.dumps(self._queued)
+
+    async def started(self) -> None:
+        await self._store.start(self._caller.user_id, self.response_id)
+
+    async def cancelled(self) -> bool:
+        status = await self._store.status(self._caller.user_id, self.response_id)
+        return status not in UNFINISHED
+
+    async def failed(self, error: ApiError) -> None:
+        """A background response that could not be generated: stored failed, with the error
+        a request would have got (its code and message)."""
+        failed = {
+            **self._queued,
+            "status": "failed",
+            "error": {"code": error.code or "server_error", "message": error.message},
+        }
+        try:
+            await self._store.finish(self._caller.user_id, failed, self._input_bytes())
+        except KeyStoreError as exc:
+            logger.warning("Response %s not stored: %s", self.response_id, exc.code)
 
     async def events(self, part: ReplyPart) -> bytes:
         """The replica's events as they are; the terminal one once the response is stored."""
@@ -94,7 +160,16 @@ class ResponsesCall:
         if not self.body.store:
             return
         try:
-            await self._store.save(self._caller.user_id, self._conversation, response)
+            if self.background:
+                response["background"] = True
+                await self._store.finish(self._caller.user_id, response, self._input_bytes())
+            else:
+                await self._store.save(self._caller.user_id, self._conversation, response)
         except KeyStoreError as exc:
-            logger.warning("Response %s not stored: %s", self._response_id, exc.code)
+            logger.warning("Response %s not stored: %s", self.response_id, exc.code)
             response["store"] = False
+            if self.background:  # its client reads it from the store only
+                await self.failed(ApiError(exc.status, exc.message, code=exc.code))
+
+    def _input_bytes(self) -> int:
+        return len(orjson.dumps(self._conversation))

@@ -281,7 +281,7 @@ def test_an_expired_response_is_gone_and_purged(stack):
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"background": True}, "background"),
+        ({"background": True, "stream": True}, "background"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools[0].type"),
         ({"include": ["file_search_call.results"]}, "include[0]"),
@@ -300,3 +300,61 @@ def test_a_context_too_long_is_refused_before_generation(client):
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(model=FAST, input="word " * 3000, max_output_tokens=4)
     assert refused.value.body["param"] == "input"
+
+
+def until_ended(client: openai.OpenAI, response_id: str):
+    """Poll a background response as its clients do, until it is neither queued nor running."""
+    deadline = time.monotonic() + POLL_S
+    while (response := client.responses.retrieve(response_id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, response
+        time.sleep(0.2)
+    return response
+
+
+def test_a_background_response_is_queued_then_polled_to_its_end_and_charged_once(stack):
+    _, key = new_user(stack, plan="pro")
+    client = openai.OpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
+    queued = client.responses.create(
+        model=FAST, input="hi", background=True, max_output_tokens=48, extra_body=WHOLE
+    )
+    assert (queued.status, queued.background, queued.output) == ("queued", True, [])
+    with pytest.raises(openai.BadRequestError) as unfinished:
+        client.responses.create(model=FAST, input="more", previous_response_id=queued.id)
+    assert unfinished.value.body["param"] == "previous_response_id"
+    done = until_ended(client, queued.id)
+    # Every token it allows (ignore_eos): ended by max_output_tokens, as a foreground one.
+    assert (done.status, done.background, done.id) == ("incomplete", True, queued.id)
+    assert done.incomplete_details.reason == "max_output_tokens"
+    assert text_of(done) and done.usage.output_tokens == 48
+    usage = usage_of(stack.base_url, key, 1)
+    assert (usage["requests"], usage["completion_tokens"]) == (1, 48)
+    # A finished background response continues a conversation as any other.
+    then = client.responses.create(
+        model=FAST, input="more", previous_response_id=done.id, max_output_tokens=2
+    )
+    assert then.status in ("completed", "incomplete")
+
+
+def test_a_background_response_cancelled_through_another_ingress_stops_generating(stack):
+    """The cancel reaches the replica that generates through the store: the engine stops,
+    and the tokens charged are those generated before it did."""
+    _, key = new_user(stack, plan="pro")
+    client = openai.OpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
+    long = {"max_output_tokens": 1900, "extra_body": WHOLE}
+    with ingress_app(stack, "responses-cancel") as other_url:
+        other = openai.OpenAI(base_url=other_url, api_key=key, max_retries=0)
+        queued = client.responses.create(model=FAST, input="hi", background=True, **long)
+        deadline = time.monotonic() + POLL_S
+        while client.responses.retrieve(queued.id).status == "queued":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        cancelled = other.responses.cancel(queued.id)
+        assert (cancelled.id, cancelled.status) == (queued.id, "cancelled")
+    usage = usage_of(stack.base_url, key, 1)
+    assert usage["requests"] == 1 and usage["completion_tokens"] < 1900
+    assert client.responses.retrieve(queued.id).status == "cancelled"  # nothing overwrote it
+    # Ended: cancelling again returns it as it is; a response made in the foreground cannot be.
+    assert client.responses.cancel(queued.id).status == "cancelled"
+    foreground = client.responses.create(model=FAST, input="hi", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(foreground.id)

@@ -13,12 +13,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import orjson
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 from app.accounts.keystore.database import Database
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.tables import StoredResponseRow
 
+UNFINISHED = ("queued", "in_progress")
+"""A background response's statuses before it ends; a conversation continues from no such one."""
 DEFAULT_RETENTION_S = 30 * 86400
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 MAX_PAGE = 100
@@ -42,6 +44,7 @@ class StoredResponse:
     user_id: str
     input_items: list[dict[str, Any]]
     body: dict[str, Any]
+    status: str = "completed"
 
     def conversation(self) -> list[dict[str, Any]]:
         """What a next turn replays: this turn's input, then its output items."""
@@ -94,16 +97,11 @@ class ResponseStore:
     async def save(
         self, user_id: str, input_items: list[dict[str, Any]], body: dict[str, Any]
     ) -> None:
-        """Store a finished response (its `id` is the body's); ResponseTooLarge over the cap."""
+        """Store a response (its `id` is the body's): a finished one, or a background one as
+        it starts (status `queued`); ResponseTooLarge over the cap."""
         encoded_input = orjson.dumps(input_items).decode()
         encoded_body = orjson.dumps(body).decode()
-        size = len(encoded_input) + len(encoded_body)
-        if size > self.max_bytes:
-            raise ResponseTooLarge(
-                f"The response and its input are {size} bytes, more than a stored response "
-                f"may hold ({self.max_bytes} bytes).",
-                param="store",
-            )
+        size = self._size(len(encoded_input) + len(encoded_body))
         created = now()
         async with self.database.transaction() as session:
             session.add(
@@ -115,8 +113,74 @@ class ResponseStore:
                     size_bytes=size,
                     input_items=encoded_input,
                     body=encoded_body,
+                    status=body.get("status", "completed"),
                 )
             )
+
+    async def finish(self, user_id: str, body: dict[str, Any], input_bytes: int) -> bool:
+        """A background response's end (its body, whose status ends it); False when it had
+        already ended (cancelled), which this leaves as it is."""
+        encoded_body = orjson.dumps(body).decode()
+        size = self._size(input_bytes + len(encoded_body))
+        return await self._move(
+            user_id,
+            body["id"],
+            UNFINISHED,
+            status=body.get("status", "completed"),
+            body=encoded_body,
+            size_bytes=size,
+        )
+
+    async def start(self, user_id: str, response_id: str) -> bool:
+        """A queued background response is now generated."""
+        return await self._move(user_id, response_id, ("queued",), status="in_progress")
+
+    async def cancel(self, user_id: str, response_id: str) -> StoredResponse:
+        """Cancel a background response that has not ended (one that has stays as it is);
+        the response as it now is. Another kind of response cannot be cancelled (400)."""
+        stored = await self.get(user_id, response_id)
+        if not stored.body.get("background"):
+            raise KeyStoreError(
+                f"Response '{response_id[:64]}' was not created in the background: only a "
+                "background response can be cancelled.",
+                param="response_id",
+            )
+        if await self._move(user_id, response_id, UNFINISHED, status="cancelled"):
+            return await self.get(user_id, response_id)
+        return stored
+
+    async def status(self, user_id: str, response_id: str) -> str | None:
+        """Where a response stands (None once it is gone): a background run's cancel watch."""
+        query = select(StoredResponseRow.status).where(
+            StoredResponseRow.id == response_id, StoredResponseRow.user_id == user_id
+        )
+        async with self.database.transaction() as session:
+            return await session.scalar(query)
+
+    async def _move(
+        self, user_id: str, response_id: str, from_statuses: tuple[str, ...], **values: Any
+    ) -> bool:
+        """One conditional UPDATE: whether the response was in one of `from_statuses`."""
+        statement = (
+            update(StoredResponseRow)
+            .where(
+                StoredResponseRow.id == response_id,
+                StoredResponseRow.user_id == user_id,
+                StoredResponseRow.status.in_(from_statuses),
+            )
+            .values(**values)
+        )
+        async with self.database.transaction() as session:
+            return (await session.execute(statement)).rowcount > 0
+
+    def _size(self, size: int) -> int:
+        if size > self.max_bytes:
+            raise ResponseTooLarge(
+                f"The response and its input are {size} bytes, more than a stored response "
+                f"may hold ({self.max_bytes} bytes).",
+                param="store",
+            )
+        return size
 
     async def get(
         self, user_id: str, response_id: str, *, param: str | None = None
@@ -131,11 +195,15 @@ class ResponseStore:
             row = await session.scalar(query)
         if row is None:
             raise not_found(response_id, param)
+        body = orjson.loads(row.body)
+        if row.status in (*UNFINISHED, "cancelled"):  # moved on without its body
+            body["status"] = row.status
         return StoredResponse(
             id=row.id,
             user_id=row.user_id,
             input_items=orjson.loads(row.input_items),
-            body=orjson.loads(row.body),
+            body=body,
+            status=row.status,
         )
 
     async def delete(self, user_id: str, response_id: str) -> None:

@@ -118,7 +118,8 @@ class DailyModelUsageRow(Base):
 
 
 class StoredResponseRow(Base):
-    """A finished /v1/responses reply and the input the model saw, owned by one user.
+    """A /v1/responses reply (finished, or a background one on its way) and the input the
+    model saw, owned by one user.
 
     `input_items` is the whole conversation up to this turn (previous turns replayed), so a
     `previous_response_id` resolves with one read; `body` is the response object as returned.
@@ -133,6 +134,9 @@ class StoredResponseRow(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger())
     input_items: Mapped[str] = mapped_column(Text())
     body: Mapped[str] = mapped_column(Text())
+    status: Mapped[str] = mapped_column(String(16), server_default="completed")
+    """The body's status, kept apart so that a background response moves on by one
+    conditional UPDATE (queued, in_progress, then completed, incomplete, failed or cancelled)."""
 
 
 class AuditRow(Base):

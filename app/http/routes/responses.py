@@ -46,9 +46,20 @@ async def create_response(
 async def get_response(
     response_id: str, request: Request, caller: Caller = Depends(authenticate)
 ) -> Response:
-    """A stored response of the caller, as it was returned."""
+    """A stored response of the caller, as it was returned; a background one as it stands
+    (queued, in_progress, then as it ended)."""
     _refuse_query(request, "stream", "starting_after", "include")
     stored = await request.app.state.responses.get(caller.user_id, response_id)
+    return Response(orjson.dumps(stored.body), media_type="application/json")
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(
+    response_id: str, request: Request, caller: Caller = Depends(authenticate)
+) -> Response:
+    """Cancel a background response that has not ended (its generation stops within a
+    second); the response as it now is. One that has ended is returned as it is."""
+    stored = await request.app.state.responses.cancel(caller.user_id, response_id)
     return Response(orjson.dumps(stored.body), media_type="application/json")
 
 

@@ -116,7 +116,8 @@ async def test_no_key_no_answer(api, saved):
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"background": True}, "background"),
+        ({"background": True, "stream": True}, "background"),
+        ({"background": True, "store": False}, "store"),
         ({"include": ["file_search_call.results"]}, "include[0]"),
         ({"reasoning": {"summary": "detailed"}}, "reasoning.summary"),
         ({"input": [{"type": "reasoning", "content": "x"}]}, "input[0].content"),

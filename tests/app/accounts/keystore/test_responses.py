@@ -144,3 +144,38 @@ async def test_the_size_cap_refuses_an_input_up_front_and_a_reply_that_overflows
         await responses.save(ada, items(1), body("resp_1", text="y" * 70_000))
     with pytest.raises(ResponseNotFound):
         await responses.get(ada, "resp_1")
+
+
+async def test_a_background_response_moves_on_by_conditional_updates(responses, users):
+    ada, bob = users
+    queued = {"id": "resp_bg", "object": "response", "status": "queued", "background": True}
+    await responses.save(ada, items(1), queued)
+    assert (await responses.get(ada, "resp_bg")).status == "queued"
+    assert await responses.start(ada, "resp_bg") and not await responses.start(ada, "resp_bg")
+    assert (await responses.get(ada, "resp_bg")).body["status"] == "in_progress"
+    with pytest.raises(ResponseNotFound):
+        await responses.cancel(bob, "resp_bg")  # another user's: not there
+    assert await responses.finish(ada, {**body("resp_bg"), "background": True}, 10)
+    done = await responses.get(ada, "resp_bg")
+    assert (done.status, done.body["output"][0]["content"][0]["text"]) == ("completed", "hello")
+    # Ended: a cancel leaves it as it is, and nothing finishes it again.
+    assert (await responses.cancel(ada, "resp_bg")).status == "completed"
+    assert not await responses.finish(ada, {**body("resp_bg"), "status": "failed"}, 10)
+
+
+async def test_a_cancelled_background_response_stays_cancelled(responses, users):
+    ada, _ = users
+    queued = {"id": "resp_c", "status": "queued", "background": True, "output": []}
+    await responses.save(ada, items(1), queued)
+    cancelled = await responses.cancel(ada, "resp_c")
+    assert (cancelled.status, cancelled.body["status"]) == ("cancelled", "cancelled")
+    assert await responses.status(ada, "resp_c") == "cancelled"
+    assert not await responses.finish(ada, {**body("resp_c"), "background": True}, 10)
+    assert (await responses.get(ada, "resp_c")).body["output"] == []
+
+
+async def test_only_a_background_response_can_be_cancelled(responses, users):
+    ada, _ = users
+    await responses.save(ada, items(1), body("resp_fg"))
+    with pytest.raises(KeyStoreError, match="only a background response"):
+        await responses.cancel(ada, "resp_fg")
