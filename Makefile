@@ -68,7 +68,7 @@ soak: install
 
 # Bare vLLM vs this service with vLLM's own load generator; rewrites docs/performance.md (~10 min).
 bench: install
-	$(BIN)/python -m bench.run serving
+	$(BIN)/python -m bench.run serving --messages
 
 # The same on a GPU node, on a model of your choice: make bench-gpu MODEL=<path or Hugging Face id>.
 # It does not run `install` (the CPU build): make .venv there with `pip install -e '.[gpu,dev]'`.

