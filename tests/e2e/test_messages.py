@@ -145,3 +145,39 @@ def test_a_key_scoped_elsewhere_or_past_its_rate_gets_anthropics_classes(stack: 
     assert limited.value.body["error"]["type"] == "rate_limit_error"
     assert int(headers["retry-after"]) > 0
     assert headers["anthropic-ratelimit-requests-remaining"] == "0"
+
+
+def test_a_repeated_prefix_is_read_from_the_engines_cache_as_anthropic_reports_it(claude):
+    """cache_control marks are accepted (the engine caches every prefix on its own), and the
+    cached part of the prompt comes back as usage.cache_read_input_tokens."""
+    system = [
+        {
+            "type": "text",
+            "text": "You answer questions about the weather. " * 30,
+            "cache_control": {"type": "ephemeral"},
+        }
+    ]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
+        }
+    ]
+    for _ in range(2):
+        usage = claude.messages.create(
+            model=FAST, max_tokens=2, system=system, messages=messages
+        ).usage
+    assert (usage.cache_read_input_tokens or 0) >= 256  # some blocks of the 30 sentences
+
+
+def test_any_tool_without_parallel_calls_is_one_call(claude):
+    message = claude.messages.create(
+        model=FAST,
+        max_tokens=200,
+        messages=[{"role": "user", "content": "Weather in Paris and Rome?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+    )
+    calls = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "tool_use" and len(calls) == 1
+    assert isinstance(calls[0].input["city"], str)
