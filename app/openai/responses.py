@@ -39,9 +39,10 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
     "top_logprobs": (None, 0),
     "max_tool_calls": (None,),
     "stream_options": (None,),
-    "prompt_cache_key": (None,),
-    "safety_identifier": (None,),
 }
+_CALLER_ONLY = {"prompt_cache_key", "safety_identifier", "client_metadata"}
+"""Fields that describe the caller or hint at caching, as on chat (the router's prefix
+affinity keeps a conversation's prefix warm on its own): accepted, not sent to the replica."""
 _INCLUDES = ("reasoning.encrypted_content",)
 """`include` values served: reasoning items carry their reasoning in clear (`content`), so a
 client that keeps no state (`store: false`, as Codex) sends them back as they are."""
@@ -122,6 +123,10 @@ class ResponseCreateRequest(BaseModel):
     previous_response_id: str | None = Field(None, max_length=64)
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
     user: str | None = None
+    prompt_cache_key: str | None = Field(None, max_length=1024)
+    safety_identifier: str | None = Field(None, max_length=1024)
+    client_metadata: dict[str, Any] | None = None
+    """Codex sends its turn's ids here on every request."""
     # vLLM's extensions, as in chat: a seed for reproducible sampling, and generating up to
     # max_output_tokens even past end-of-text.
     seed: Seed | None = None
@@ -201,7 +206,7 @@ class ResponseCreateRequest(BaseModel):
         body = self.model_dump(
             exclude_none=True,
             by_alias=True,
-            exclude={"background", *(self.model_extra or {})},
+            exclude={"background", *_CALLER_ONLY, *(self.model_extra or {})},
         )
         body.update(
             input=conversation,

@@ -1,11 +1,15 @@
-"""Claude Code itself (`@anthropic-ai/claude-code`, pinned in tests/e2e/node) against the service.
+"""Claude Code (`@anthropic-ai/claude-code`) and Codex (`@openai/codex`), pinned in tests/e2e/node,
+against the service.
 
 `claude -p` sends what Claude Code sends on every turn: its long system prompt and its tool
 set (~50 KB; ~17,000 tokens with the long-context model's tokenizer), `thinking` with
 `display: omitted`, `context_management`, a `system` message among the messages, tools with
 `defer_loading`, to `/v1/messages?beta=true` with `Authorization: Bearer`. The type it lands on
 is the local profile's Pro (a reasoning parser, hermes tools) on the generated `tiny-long`
-model, whose 65,536 positions hold that prompt; the tiny model's 2,048 do not.
+model, whose 65,536 positions hold that prompt; the tiny model's 2,048 do not. `codex exec`
+sends the Responses API what Codex sends on every turn: `store: false`, `reasoning`,
+`include: ["reasoning.encrypted_content"]`, `prompt_cache_key`, `client_metadata`, its function
+tools and ~20 KB of developer instructions.
 """
 
 from __future__ import annotations
@@ -21,6 +25,26 @@ from tests.conftest import Stack, app_args
 from tests.e2e.test_limits import ingress_app, new_user, usage_of
 
 CLAUDE = Path(__file__).with_name("node") / "node_modules" / ".bin" / "claude"
+CODEX = CLAUDE.with_name("codex")
+# Codex on the service's Responses API. Its web search is a built-in tool and its multi-agent
+# tools a `namespace` tool, which the service does not offer: both off, as for any provider
+# that serves function tools only. It asks for no reasoning: the random model would reason
+# until it stops, and Codex prints the answer only.
+CODEX_CONFIG = """
+model = "{model}"
+model_provider = "serviceai"
+model_reasoning_effort = "none"
+web_search = "disabled"
+
+[features]
+multi_agent = false
+
+[model_providers.serviceai]
+name = "ServiceAi"
+base_url = "{base_url}"
+env_key = "SERVICEAI_API_KEY"
+wire_api = "responses"
+"""
 LONG = "ServiceAi-Long"
 CONTEXT = 65536
 
@@ -35,6 +59,20 @@ def long_context_type() -> dict:
 def with_long_type(plans: dict) -> dict:
     """Every plan, with the long type's limits those of its Pro."""
     return {name: {**plan, LONG: plan["ServiceAi-Pro"]} for name, plan in plans.items()}
+
+
+def run_agent(command: list[str], home: Path, env: dict[str, str]) -> None:
+    """Run an agent's CLI headless in `home`, which it takes for the user's home; it exits 0.
+    It prints the reply, which may be empty: the generated model may end its turn at once."""
+    result = subprocess.run(
+        command,
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": os.environ["PATH"], "HOME": str(home), **env},
+    )
+    assert result.returncode == 0, (result.stdout, result.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +93,10 @@ def agent(stack: Stack):
 
 def test_claude_code_answers_through_the_service(agent, tmp_path: Path):
     origin, key = agent
-    result = subprocess.run(
+    run_agent(
         [str(CLAUDE), "-p", "Say hello in one word.", "--max-turns", "1"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={
-            "PATH": os.environ["PATH"],
-            "HOME": str(tmp_path),
+        tmp_path,
+        {
             "ANTHROPIC_BASE_URL": origin,
             "ANTHROPIC_AUTH_TOKEN": key,
             # Thinking off: the random model would think until max_tokens, and Claude Code
@@ -74,13 +107,27 @@ def test_claude_code_answers_through_the_service(agent, tmp_path: Path):
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         },
     )
-    assert result.returncode == 0, (result.stdout, result.stderr)
-    assert result.stdout.strip(), result.stderr
     usage = usage_of(f"{origin}/v1", key, 1)
     assert usage["models"] == [LONG] and usage["requests"] == 1
     # Its system prompt and tools, whole: far beyond the tiny model's 2,048 positions.
     assert usage["prompt_tokens"] > 10_000
     assert 0 < usage["completion_tokens"] < 512
+
+
+def test_codex_answers_through_the_service(stack: Stack, agent, tmp_path: Path):
+    origin, _ = agent
+    _, key = new_user(stack, plan="pro")
+    home = tmp_path / ".codex"
+    home.mkdir()
+    (home / "config.toml").write_text(CODEX_CONFIG.format(model=LONG, base_url=f"{origin}/v1"))
+    run_agent(
+        [str(CODEX), "exec", "--skip-git-repo-check", "Say hello in one word."],
+        tmp_path,
+        {"CODEX_HOME": str(home), "SERVICEAI_API_KEY": key},
+    )
+    usage = usage_of(f"{origin}/v1", key, 1)
+    assert usage["models"] == [LONG] and usage["requests"] == 1
+    assert usage["prompt_tokens"] > 5_000  # its instructions and tools, whole
 
 
 def test_claude_codes_request_shape_with_thinking_omitted(stack: Stack):
