@@ -20,12 +20,23 @@ from pathlib import Path
 
 import anthropic
 import pytest
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    Runner,
+    set_tracing_disabled,
+)
+from openai.types.shared import Reasoning
 
 from tests.conftest import Stack, app_args
+from tests.e2e.conftest import async_clients
 from tests.e2e.test_limits import ingress_app, new_user, usage_of
 
 CLAUDE = Path(__file__).with_name("node") / "node_modules" / ".bin" / "claude"
 CODEX = CLAUDE.with_name("codex")
+set_tracing_disabled(True)  # the Agents SDK would send traces to OpenAI
 # Codex on the service's Responses API. Its web search is a built-in tool and its multi-agent
 # tools a `namespace` tool, which the service does not offer: both off, as for any provider
 # that serves function tools only. It asks for no reasoning: the random model would reason
@@ -182,3 +193,36 @@ def test_context_edits_other_than_clear_thinking_are_refused_by_name(agent):
                 extra_body={"context_management": {"edits": edits}},
             )
         assert param in refused.value.message
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_the_agents_sdk_with_reasoning_settings(agent, api):
+    """The OpenAI Agents SDK's reasoning settings (`reasoning_effort` on chat; `reasoning` and,
+    without storage, `include: reasoning.encrypted_content` on Responses) on the long type,
+    whose replies end (the SDK takes a reply cut at max_tokens for a failure), and the
+    reasoning sent back on the next turn, as a client that keeps no state does."""
+    origin, key = agent
+    async with async_clients(f"{origin}/v1", key) as (client,):
+        responses = api == "responses"
+        model = OpenAIResponsesModel if responses else OpenAIChatCompletionsModel
+        settings = ModelSettings(
+            reasoning=Reasoning(effort="low", summary="auto" if responses else None),
+            max_tokens=400,
+            store=False if responses else None,
+            response_include=["reasoning.encrypted_content"] if responses else None,
+        )
+        thinker = Agent(
+            name="thinker",
+            instructions="Think, then answer.",
+            model=model(model=LONG, openai_client=client),
+            model_settings=settings,
+        )
+        first = await Runner.run(thinker, "Why is the sky blue?", max_turns=1)
+        then = [*first.to_input_list(), {"role": "user", "content": "And at night?"}]
+        second = await Runner.run(thinker, then, max_turns=1)
+    [first_usage], [second_usage] = [
+        [r.usage for r in run.raw_responses] for run in (first, second)
+    ]
+    assert 0 < first_usage.output_tokens < 400
+    # The second turn's input holds the first (its reasoning, where the SDK keeps it).
+    assert second_usage.input_tokens > first_usage.input_tokens + first_usage.output_tokens // 2
