@@ -36,16 +36,17 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
     "conversation": (None,),
     "truncation": (None, "disabled"),
     "service_tier": (None, "auto", "default"),
-    "top_logprobs": (None, 0),
     "max_tool_calls": (None,),
     "stream_options": (None,),
 }
 _CALLER_ONLY = {"prompt_cache_key", "safety_identifier", "client_metadata"}
 """Fields that describe the caller or hint at caching, as on chat (the router's prefix
 affinity keeps a conversation's prefix warm on its own): accepted, not sent to the replica."""
-_INCLUDES = ("reasoning.encrypted_content",)
+LOGPROBS = "message.output_text.logprobs"
+_INCLUDES = ("reasoning.encrypted_content", LOGPROBS)
 """`include` values served: reasoning items carry their reasoning in clear (`content`), so a
-client that keeps no state (`store: false`, as Codex) sends them back as they are."""
+client that keeps no state (`store: false`, as Codex) sends them back as they are; each
+`output_text` part carries its tokens' `logprobs` (with `top_logprobs` alternatives each)."""
 _ROLES = ("user", "system", "developer", "assistant")
 _PART_TYPES = ("input_text", "output_text")
 
@@ -123,6 +124,8 @@ class ResponseCreateRequest(BaseModel):
     previous_response_id: str | None = Field(None, max_length=64)
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
     user: str | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    """With include message.output_text.logprobs: the likeliest alternatives of each token."""
     prompt_cache_key: str | None = Field(None, max_length=1024)
     safety_identifier: str | None = Field(None, max_length=1024)
     client_metadata: dict[str, Any] | None = None
@@ -159,6 +162,13 @@ class ResponseCreateRequest(BaseModel):
                     f"'{str(value)[:64]}' cannot be included: ServiceAi serves "
                     f"{', '.join(_INCLUDES)}.",
                 )
+        if self.top_logprobs and LOGPROBS not in (self.include or ()):
+            raise ApiError(
+                400,
+                f"top_logprobs comes with each token's logprobs: add '{LOGPROBS}' to include.",
+                param="top_logprobs",
+                code="invalid_value",
+            )
         summary = self.reasoning and (self.reasoning.summary or self.reasoning.generate_summary)
         if summary not in (None, "auto"):
             raise unsupported(

@@ -224,5 +224,6 @@ async def test_the_agents_sdk_with_reasoning_settings(agent, api):
         [r.usage for r in run.raw_responses] for run in (first, second)
     ]
     assert 0 < first_usage.output_tokens < 400
-    # The second turn's input holds the first (its reasoning, where the SDK keeps it).
-    assert second_usage.input_tokens > first_usage.input_tokens + first_usage.output_tokens // 2
+    # The second turn's input holds the first (the reasoning too on Responses, where the SDK
+    # sends its item back; not on chat, whose templates drop earlier turns' reasoning).
+    assert second_usage.input_tokens > first_usage.input_tokens

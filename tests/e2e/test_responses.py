@@ -350,11 +350,28 @@ def test_a_background_response_cancelled_through_another_ingress_stops_generatin
             time.sleep(0.1)
         cancelled = other.responses.cancel(queued.id)
         assert (cancelled.id, cancelled.status) == (queued.id, "cancelled")
-    usage = usage_of(stack.base_url, key, 1)
-    assert usage["requests"] == 1 and usage["completion_tokens"] < 1900
+    # Charged what the engine had reported (every second) when it stopped: nothing, if the
+    # cancel came first, and never the 1,900 tokens it was asked for.
+    usage = usage_of(stack.base_url, key, 1, timeout_s=5)
+    assert usage["requests"] <= 1 and usage["completion_tokens"] < 1900
     assert client.responses.retrieve(queued.id).status == "cancelled"  # nothing overwrote it
     # Ended: cancelling again returns it as it is; a response made in the foreground cannot be.
     assert client.responses.cancel(queued.id).status == "cancelled"
     foreground = client.responses.create(model=FAST, input="hi", max_output_tokens=2)
     with pytest.raises(openai.BadRequestError):
         client.responses.cancel(foreground.id)
+
+
+def test_include_logprobs_gives_each_tokens_logprob_and_its_alternatives(client):
+    logprobs = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    whole = client.responses.create(
+        model=FAST, input="hi", max_output_tokens=8, extra_body=WHOLE, **logprobs
+    )
+    [part] = [p for item in whole.output if item.type == "message" for p in item.content]
+    assert len(part.logprobs) == whole.usage.output_tokens == 8
+    assert all(entry.logprob <= 0 and len(entry.top_logprobs) == 2 for entry in part.logprobs)
+    with client.responses.stream(
+        model=FAST, input="hi", max_output_tokens=8, extra_body=WHOLE, **logprobs
+    ) as stream:
+        deltas = [e for e in stream if e.type == "response.output_text.delta"]
+    assert sum(len(d.logprobs) for d in deltas) == 8

@@ -118,6 +118,8 @@ async def test_no_key_no_answer(api, saved):
     [
         ({"background": True, "stream": True}, "background"),
         ({"background": True, "store": False}, "store"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
         ({"include": ["file_search_call.results"]}, "include[0]"),
         ({"reasoning": {"summary": "detailed"}}, "reasoning.summary"),
         ({"input": [{"type": "reasoning", "content": "x"}]}, "input[0].content"),
