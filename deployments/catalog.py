@@ -34,5 +34,10 @@ LOGICAL_MODEL_TYPES: dict[str, LogicalModelType] = {
             "Programming, code generation, code review, debugging, refactoring.",
             "SERVICEAI_MODEL_CODER",
         ),
+        LogicalModelType(
+            "ServiceAi-Embed",
+            "Embeddings for search, retrieval, clustering and deduplication (/v1/embeddings).",
+            "SERVICEAI_MODEL_EMBED",
+        ),
     )
 }

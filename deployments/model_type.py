@@ -53,6 +53,8 @@ _RESERVED_ENGINE_ARGS = frozenset(
         "served_model_name",
         "tensor_parallel_size",
         "distributed_executor_backend",
+        "runner",
+        "convert",
     }
 )
 
@@ -76,7 +78,8 @@ class ModelTypeConfig(BaseModel):
     model: str = Field(
         TINY_MODEL,
         description="Hugging Face id or local path; 'tiny' generates the test model, "
-        "'tiny-long' its long-context variant (deployments.tiny_model.VARIANTS). "
+        "'tiny-long' its long-context variant, 'tiny-embed' an embedding one "
+        "(deployments.tiny_model.VARIANTS). "
         "Overridden by the environment variable named in `model_env`.",
     )
     model_env: str | None = Field(
@@ -86,6 +89,23 @@ class ModelTypeConfig(BaseModel):
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Passed verbatim to vLLM's AsyncEngineArgs."
+    )
+    task: Literal["generate", "embed"] = Field(
+        "generate",
+        description="'generate': the type serves chat, completions, responses and messages; "
+        "'embed': /v1/embeddings alone, the model run as vLLM's pooling runner (an embedding "
+        "model, or a causal LM whose last token's state is the vector, as Qwen3-Embedding's).",
+    )
+    pooling: Literal["last", "mean", "cls"] | None = Field(
+        None,
+        description="An embedding type's pooling of its tokens' states into one vector; "
+        "default: the model's own (its sentence-transformers config), else vLLM's for its "
+        "architecture.",
+    )
+    normalize: bool | None = Field(
+        None,
+        description="An embedding type's vectors scaled to length 1 (cosine similarity is "
+        "then a dot product); default: the model's own, else yes.",
     )
     tensor_parallel_size: int = Field(1, ge=1, le=16)
     tool_call_parser: str | None = Field(
@@ -203,6 +223,16 @@ class ModelTypeConfig(BaseModel):
             raise ValueError("accelerator_type needs num_gpus_per_shard > 0")
         if self.tensor_parallel_size > 1 and self.num_gpus_per_shard != 1:
             raise ValueError("tensor_parallel_size > 1 needs num_gpus_per_shard: 1")
+        if self.task == "embed":
+            generating = [
+                name
+                for name in ("tool_call_parser", "reasoning_parser", "chat_template")
+                if getattr(self, name) is not None
+            ]
+            if generating:
+                raise ValueError(f"an embedding type (task: embed) generates nothing: {generating}")
+        elif self.pooling is not None or self.normalize is not None:
+            raise ValueError("pooling and normalize need task: embed")
         if self.serving_processes > 1 and not self.num_cpus:
             # The replica then has a placement group, whose first bundle may not be empty.
             raise ValueError("serving_processes > 1 needs num_cpus > 0")
@@ -302,6 +332,15 @@ class ModelTypeConfig(BaseModel):
             "tensor_parallel_size": self.tensor_parallel_size,
             **self.engine_args,
         }
+        if self.task == "embed":
+            kwargs["runner"] = "pooling"
+            pooler = dict(kwargs.get("pooler_config") or {})
+            if self.pooling is not None:
+                pooler["pooling_type"] = self.pooling.upper()
+            if self.normalize is not None:
+                pooler["use_activation"] = self.normalize
+            if pooler:
+                kwargs["pooler_config"] = pooler
         if self.tensor_parallel_size > 1:
             # Left to itself vLLM counts the GPUs this replica sees (none: they are in the
             # bundles) and refuses; the Ray executor uses the bundles instead.

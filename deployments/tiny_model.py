@@ -94,6 +94,10 @@ VARIANTS: dict[str, dict] = {
         "max_positions": 65536,
         "ends_replies": True,
     },
+    # An embedding model (a type with `task: embed`): vLLM pools the last token's hidden state,
+    # 64 numbers, which a request may shorten to 16 or 32 (`dimensions`), as a model trained
+    # with Matryoshka representation learning declares.
+    "tiny-embed": {"matryoshka": [16, 32, 64]},
 }
 """The generated models a type's `model` may name, and how each differs from the tiny one."""
 
@@ -121,10 +125,12 @@ def generate(
     corpus: str = "tiny",
     max_positions: int = 2048,
     ends_replies: bool = False,
+    matryoshka: list[int] | None = None,
 ) -> Path:
     """Write a tokenizer trained on `corpus` and a randomly initialised LlamaForCausalLM
     (`dims`, default TINY) with `max_positions` positions into out_dir; `ends_replies`: one
-    whose replies end after some tens of tokens (END_OF_TURN_EVERY)."""
+    whose replies end after some tens of tokens (END_OF_TURN_EVERY); `matryoshka`: the
+    shortened embeddings its config declares (`matryoshka_dimensions`, as vLLM reads it)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
@@ -166,6 +172,7 @@ def generate(
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
         torch_dtype="float32",
+        **({"matryoshka_dimensions": matryoshka} if matryoshka else {}),
     )
     model = LlamaForCausalLM(config).to(torch.float32)
     ends = range(len(SPECIAL_TOKENS), len(fast), END_OF_TURN_EVERY) if ends_replies else ()
@@ -184,6 +191,7 @@ def generate(
                 "corpus": corpus,
                 "max_positions": max_positions,
                 "ends_replies": ends_replies,
+                "matryoshka": matryoshka,
                 "version": VERSION,
             }
         )
@@ -216,7 +224,13 @@ def ensure(out_dir: Path, variant: str = "tiny") -> Path:
 
 
 def _is_current(out_dir: Path, variant: str) -> bool:
-    recipe = {"vocab_size": 512, "corpus": "tiny", "max_positions": 2048, "ends_replies": False}
+    recipe = {
+        "vocab_size": 512,
+        "corpus": "tiny",
+        "max_positions": 2048,
+        "ends_replies": False,
+        "matryoshka": None,
+    }
     recipe.update(VARIANTS[variant])
     try:
         marker = json.loads((out_dir / MARKER).read_text())

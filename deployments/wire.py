@@ -2,8 +2,8 @@
 
 Plain, picklable types: they cross Ray on every request and every streamed message, so they
 stay small, and this module imports nothing heavy (the ingress never imports vLLM).
-A call names its API ("chat", "completion" or "responses") and carries the OpenAI body as the
-ingress validated it; the reply is already encoded by vLLM's serving layer, so the ingress
+A call names its API ("chat", "completion", "responses", "messages", "embeddings") and carries
+the body as the ingress validated it; the reply is already encoded by vLLM's serving layer, so the ingress
 relays bytes without decoding them.
 """
 
@@ -65,6 +65,8 @@ class ModelInfo(NamedTuple):
     app.serving.pipeline.check_prompt_length)."""
     priority_scheduling: bool = False
     """The engine orders requests by `priority` (the caller's plan's, set by the ingress)."""
+    embedding: bool = False
+    """An embedding model: it serves /v1/embeddings and no API that generates."""
 
 
 class GenerationError(Exception):

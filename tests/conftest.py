@@ -124,7 +124,7 @@ async def store(database_url: str) -> AsyncIterator[KeyStore]:
 
 @dataclass
 class Stack:
-    """A running ServiceAi: Ray Serve with the ingress and the three model types.
+    """A running ServiceAi: Ray Serve with the ingress and the local profile's model types.
 
     Its key store is a SQLite file; `secrets` collects every key and token the session used,
     so that a last test can prove none of them reached a log.
@@ -268,17 +268,20 @@ def _wait_until_every_type_answers(origin: str, api_key: str, timeout_s: float =
     import httpx
 
     deadline = time.monotonic() + timeout_s
-    for model in [m["name"] for m in app_args()["model_types"]]:
+    for model_type in app_args()["model_types"]:
+        model = model_type["name"]
+        if model_type.get("task") == "embed":
+            path, body = "/v1/embeddings", {"model": model, "input": "hi"}
+        else:
+            messages = [{"role": "user", "content": "hi"}]
+            path, body = "/v1/chat/completions", {"model": model, "messages": messages}
+            body["max_tokens"] = 1
         while True:
             try:
                 response = httpx.post(
-                    f"{origin}/v1/chat/completions",
+                    origin + path,
                     headers={"Authorization": f"Bearer {api_key}"},
-                    json={
-                        "model": model,
-                        "messages": [{"role": "user", "content": "hi"}],
-                        "max_tokens": 1,
-                    },
+                    json=body,
                     timeout=30,
                 )
                 if response.status_code == 200:

@@ -14,7 +14,16 @@ from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.responses import ResponseStore
 from app.http.body_limit import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
 from app.http.cors import install_cors
-from app.http.routes import account, admin, chat, completions, health, messages, responses
+from app.http.routes import (
+    account,
+    admin,
+    chat,
+    completions,
+    embeddings,
+    health,
+    messages,
+    responses,
+)
 from app.http.routes import models as model_routes
 from app.limits.admission import RateLimits
 from app.limits.usage_meter import UsageMeter
@@ -67,6 +76,7 @@ def create_api(
     api.include_router(completions.router)
     api.include_router(responses.router)
     api.include_router(messages.router)
+    api.include_router(embeddings.router)
     api.include_router(account.router)
     if admin_token is not None:
         api.state.admin_token = admin_token.get_secret_value().encode()

@@ -32,6 +32,15 @@ class ModelTypeLimits(BaseModel):
     tokens_per_day: int = Field(
         ge=1, description="Daily quota of prompt plus completion tokens, per UTC day."
     )
+    inputs_per_request: int = Field(
+        2048, ge=1, le=2048, description="Inputs in one /v1/embeddings request (OpenAI's: 2048)."
+    )
+    input_tokens_per_request: int = Field(
+        300_000,
+        ge=1,
+        description="Tokens of all the inputs of one /v1/embeddings request together "
+        "(OpenAI's: 300,000).",
+    )
 
 
 PRIORITY_KEY = "priority"

@@ -1,7 +1,7 @@
-"""/v1/chat/completions and /v1/completions as `ApiCall`s of the pipeline.
+"""/v1/chat/completions, /v1/completions and /v1/embeddings as `ApiCall`s of the pipeline.
 
-Both relay the replica's bytes as they are (vLLM's serving layer encoded them) and end a broken
-stream with OpenAI's `data: {"error": ...}` event and `data: [DONE]`.
+Each relays the replica's bytes as they are (vLLM's serving layer encoded them); a broken
+stream ends with OpenAI's `data: {"error": ...}` event and `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import orjson
 from app.anthropic.messages import MessagesRequest
 from app.openai.chat import ChatCompletionRequest
 from app.openai.completions import CompletionRequest
+from app.openai.embeddings import EmbeddingRequest
 from app.openai.errors import ApiError
 from app.openai.protocol import GenerationFields, ReplyLength
-from app.serving.pipeline import check_reasoning, check_tools
+from app.serving.pipeline import PROMPT_BYTES_BOUND, InputSize, check_reasoning, check_tools
 from deployments.wire import ModelInfo, ReplyPart
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -27,8 +28,9 @@ class RelayedCall:
     prompt_bytes = 0
     keepalive: bytes | None = None
     background = False
+    inputs: InputSize | None = None
 
-    def __init__(self, body: GenerationFields | MessagesRequest) -> None:
+    def __init__(self, body: GenerationFields | MessagesRequest | EmbeddingRequest) -> None:
         self.body = body
         self.model = body.model
         self.stream = bool(body.stream)
@@ -81,3 +83,36 @@ class CompletionCall(RelayedCall):
 
     def check_against_model(self, model: ModelInfo) -> None:
         pass
+
+
+SPECIAL_TOKENS_BOUND = 4
+"""Most tokens a tokenizer adds to an input of its own (a BOS, an EOS, a separator)."""
+
+
+class EmbeddingsCall(RelayedCall):
+    """/v1/embeddings: a whole reply, no generation; its inputs held to the plan's bounds."""
+
+    api = "embeddings"
+
+    def __init__(self, body: EmbeddingRequest) -> None:
+        super().__init__(body)
+        # Nothing is generated; admission still reserves a token (a window with none left
+        # refuses), replaced by the inputs' tokens when it is charged.
+        self.reply = ReplyLength("input", 1)
+        self.inputs = input_size(body.inputs)
+
+    def check_against_model(self, model: ModelInfo) -> None:
+        pass
+
+
+def input_size(inputs: list[str] | list[list[int]]) -> InputSize:
+    """How many inputs, and at most how many tokens (exact for token ids; a text's bound as
+    `check_prompt_length` reckons a prompt's)."""
+    if inputs and isinstance(inputs[0], list):
+        lengths = [len(i) for i in inputs]
+        return InputSize(len(lengths), sum(lengths), max(lengths), exact=True)
+    bounds = [
+        PROMPT_BYTES_BOUND * len(text.encode()) + SPECIAL_TOKENS_BOUND  # type: ignore[union-attr]
+        for text in inputs
+    ]
+    return InputSize(len(bounds), sum(bounds), max(bounds), exact=False)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from fastapi import Request, Response
 
@@ -72,6 +72,19 @@ class ApiCall(Protocol):
 
     keepalive: bytes | None
     """The event a stream sends while it waits (Anthropic's `ping`), or None."""
+    inputs: InputSize | None
+    """An embedding request's inputs, held to the plan's bounds (check_inputs); None for an
+    API that generates, whose prompt is held to the context (check_prompt_length)."""
+
+
+class InputSize(NamedTuple):
+    """An embedding request's inputs: how many, and their tokens (all, and the longest input),
+    `exact` for token ids, else at most that many."""
+
+    count: int
+    tokens: int
+    longest: int
+    exact: bool
 
 
 async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
@@ -84,14 +97,18 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     record.model_type = endpoint.name  # a 429 below is counted against the type it asked for
     call.check_fields()
     model = await endpoint.info()
+    check_api_served(call.api, model)
     check_reply_length(call, model)
     call.check_against_model(model)
     limits.check_fits(caller, endpoint.name, call.reply)
     await call.prepare()
     payload = call.payload()
     payload["model"] = endpoint.name  # the replica serves the type's name, not an alias
-    prompt_bytes = len(await request.body()) + call.prompt_bytes
-    await check_prompt_length(limits, caller, endpoint, model, call.api, payload, prompt_bytes)
+    if call.inputs is not None:
+        await check_inputs(limits, caller, endpoint, model, call.inputs, payload)
+    else:
+        prompt_bytes = len(await request.body()) + call.prompt_bytes
+        await check_prompt_length(limits, caller, endpoint, model, call.api, payload, prompt_bytes)
     ticket = await limits.open(
         caller, endpoint.name, call.reply, model=model, usage=request.app.state.usage
     )
@@ -133,6 +150,33 @@ def check_allowed(caller: Caller, model_type: str) -> None:
             param="model",
             code="model_not_allowed",
         )
+
+
+API_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "embeddings": "/v1/embeddings",
+}
+
+
+def check_api_served(api: str, model: ModelInfo) -> None:
+    """An embedding type serves /v1/embeddings alone, and a type that generates every API but
+    that one: a 400 naming the model and the API, the same on every API."""
+    if model.embedding == (api == "embeddings"):
+        return
+    if model.embedding:
+        served = f"an embedding model: it serves {API_PATHS['embeddings']} only"
+    else:
+        served = f"a model that generates text: it does not serve {API_PATHS['embeddings']}"
+    raise ApiError(
+        400,
+        f"{model.name} is {served}, not {API_PATHS[api]}. Use a model type that serves "
+        f"{API_PATHS[api]} (GET /v1/models lists them).",
+        param="model",
+        code="model_not_supported",
+    )
 
 
 def check_reply_length(call: ApiCall, model: ModelInfo) -> None:
@@ -208,6 +252,56 @@ async def check_prompt_length(
         if error.status < 500:
             await limits.refuse(caller, endpoint.name)
         raise
+
+
+async def check_inputs(
+    limits: RateLimits,
+    caller: Caller,
+    endpoint: ModelEndpoint,
+    model: ModelInfo,
+    size: InputSize,
+    payload: dict,
+) -> None:
+    """Refuse an embedding request beyond its plan's bounds (inputs, and their tokens
+    together) or with an input beyond the model's context, before any rate-limit counter
+    moves. Texts whose tokens may pass a bound are measured by the replica's tokenizer (as
+    `check_prompt_length` measures a prompt), which also refuses an input beyond the context."""
+    bounds = limits.plan_limits(caller.plan).on(endpoint.name)
+    if size.count > bounds.inputs_per_request:
+        raise ApiError(
+            400,
+            f"input has {size.count} inputs; your plan allows {bounds.inputs_per_request} in "
+            f"one request to {endpoint.name}. Send them in several requests.",
+            param="input",
+            code="too_many_inputs",
+        )
+    tokens, context = size.tokens, model.max_model_len
+    if size.exact and size.longest > context:
+        raise ApiError(
+            400,
+            f"An input has {size.longest} tokens; this model's maximum context length is "
+            f"{context} tokens. Shorten or split the input.",
+            param="input",
+            code="context_length_exceeded",
+        )
+    if not size.exact and (tokens > bounds.input_tokens_per_request or size.longest >= context):
+        if not await limits.has_requests_left(caller, endpoint.name):
+            return  # admission's 429, without a replica's work
+        try:
+            tokens = await endpoint.prompt_tokens("embeddings", payload)
+        except ApiError as error:
+            if error.status < 500:
+                await limits.refuse(caller, endpoint.name)
+            raise
+    if tokens > bounds.input_tokens_per_request:
+        raise ApiError(
+            400,
+            f"input has {tokens} tokens; your plan allows {bounds.input_tokens_per_request} "
+            f"tokens of input in one request to {endpoint.name}. Send fewer or shorter "
+            "inputs in each request.",
+            param="input",
+            code="too_many_input_tokens",
+        )
 
 
 class Tally:

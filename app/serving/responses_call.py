@@ -29,6 +29,7 @@ logger = logging.getLogger("ray.serve.serviceai")
 
 class ResponsesCall:
     keepalive = None  # OpenAI's streams send no keep-alive event
+    inputs = None
     api = "responses"
 
     def __init__(self, body: ResponseCreateRequest, caller: Caller, store: ResponseStore) -> None:

@@ -102,6 +102,14 @@ class CountingEngineClient:
             last.outputs = [choices[i] for i in sorted(choices)]
             yield last
 
+    async def encode(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """An embedding's engine request: its prompt counted when its vector comes."""
+        count = _counted.get(None)
+        async for output in self._engine.encode(*args, **kwargs):
+            if count is not None and output.finished:
+                count.prompt += len(output.prompt_token_ids or ())
+            yield output
+
 
 class WholeReply:
     """A whole reply's one await of the serving layer, run as a task so that the request's

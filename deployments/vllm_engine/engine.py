@@ -3,7 +3,8 @@
 The folder's entry point, and with it the only code that imports vLLM. Built as `vllm serve`
 builds its server (`init_app_state`, as Ray Serve LLM builds it inside its replicas), with the
 engine client wrapped to count tokens (`counting`); every request then goes through one
-driver (`replies.serve`) whatever its API (`completions`, `responses`).
+driver (`replies.serve`) whatever its API (`completions`, `responses`, `messages`,
+`embeddings`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from contextlib import aclosing
 from typing import Any
 
 from starlette.datastructures import State
-from vllm.config import ReasoningConfig, StructuredOutputsConfig
+from vllm.config import PoolerConfig, ReasoningConfig, StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.cli_args import FrontendArgs
@@ -28,6 +29,7 @@ from deployments.priority_gate import PriorityGate
 from deployments.vllm_engine import forced_tool_calls, replies
 from deployments.vllm_engine.completions import ChatApi, CompletionApi
 from deployments.vllm_engine.counting import CountingEngineClient
+from deployments.vllm_engine.embeddings import EmbeddingsApi
 from deployments.vllm_engine.messages import MessagesApi
 from deployments.vllm_engine.replies import ServedApi
 from deployments.vllm_engine.shared_engine import EngineClient, SharedEngine, client_engine
@@ -65,6 +67,8 @@ def frontend_args(
         engine_args.structured_outputs_config = StructuredOutputsConfig(
             **engine_args.structured_outputs_config
         )
+    if isinstance(engine_args.pooler_config, dict):
+        engine_args.pooler_config = PoolerConfig(**engine_args.pooler_config)
     if isinstance(engine_args.reasoning_config, dict):
         engine_args.reasoning_config = ReasoningConfig(**engine_args.reasoning_config)
     if reasoning_parser:
@@ -90,11 +94,8 @@ class VllmEngine:
         """`tool_call_parser` as configured; `parser`: the one vLLM runs (forced_tool_calls)."""
         self.name = name
         self._engine = engine
-        self._apis: dict[str, ServedApi] = {
-            "chat": ChatApi(state.openai_serving_chat),
-            "completion": CompletionApi(state.openai_serving_completion),
-            "messages": MessagesApi(state.anthropic_serving_messages),
-        }
+        self._apis = served_apis(state)
+        self.embedding = "embeddings" in self._apis
         self._responses: Any = None  # vLLM's Responses handler, built on first use
         self._parser = parser
         self._tool_strict_level = tool_strict_level
@@ -180,6 +181,8 @@ class VllmEngine:
             tool_strict_level=tool_strict_level,
         )
         served.gate = gate
+        if served.embedding:
+            return served
         try:
             served.template_tokens = await served.prompt_tokens("chat", TEMPLATE_PROBE)
         except GenerationError as exc:
@@ -191,8 +194,9 @@ class VllmEngine:
     def serve(
         self, api: str, body: dict[str, Any], *, batched: bool = True
     ) -> AsyncIterator[ReplyPart]:
-        """A request of `api` ("chat", "completion" or "responses"): see `replies.serve`;
-        under priority scheduling, once the gate gives it a slot per sequence it runs."""
+        """A request of `api` ("chat", "completion", "responses", "messages" or "embeddings"):
+        see `replies.serve`; under priority scheduling, once the gate gives it a slot per
+        sequence it runs."""
         return self.gated(api, body, replies.serve(self._api(api, body), body, batched=batched))
 
     def gated(
@@ -218,8 +222,8 @@ class VllmEngine:
         return await replies.prompt_tokens(self._api(api, body), body)
 
     def _api(self, api: str, body: dict[str, Any]) -> ServedApi:
-        if api != "responses":
-            return self._apis[api]
+        if api != "responses" or self.embedding:
+            return self._apis[api]  # the ingress sends an embedding type embeddings alone
         # Imported on first use, as the handler is built: the GPU bench's vLLM 0.26 lacks it.
         from deployments.vllm_engine.responses import ResponsesApi, build_serving
 
@@ -241,6 +245,7 @@ class VllmEngine:
             self.reasoning_parser,
             self.template_tokens,
             self.gate is not None,
+            self.embedding,
         )
 
     async def check_health(self) -> None:
@@ -268,10 +273,25 @@ class VllmEngine:
         self._engine.shutdown()
 
 
+def served_apis(state: State) -> dict[str, ServedApi]:
+    """The APIs of the serving layer vLLM built for this model: a generating model's chat,
+    completions and messages (responses is built on first use), or an embedding model's
+    embeddings alone."""
+    embedding = getattr(state, "serving_embedding", None)
+    if embedding is not None:
+        return {"embeddings": EmbeddingsApi(embedding)}
+    return {
+        "chat": ChatApi(state.openai_serving_chat),
+        "completion": CompletionApi(state.openai_serving_completion),
+        "messages": MessagesApi(state.anthropic_serving_messages),
+    }
+
+
 def sequences(api: str, body: dict[str, Any]) -> int:
     """The sequences the engine runs at once for a request: `n` of each prompt (a completion's
-    prompt may be a list of prompts, each a string or a list of token ids)."""
-    prompt = body.get("prompt") if api == "completion" else None
+    prompt may be a list of prompts, each a string or a list of token ids), or one per input
+    of an embedding request."""
+    prompt = body.get({"completion": "prompt", "embeddings": "input"}.get(api, ""))
     several = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
     return (body.get("n") or 1) * (len(prompt) if several else 1)
 
@@ -281,7 +301,7 @@ def _for_this_platform(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
 
     One shard runs unbound. vLLM's automatic binding gives its worker the replica's CPUs less
     one kept for the scheduler, and every replica of a node sees all the node's CPUs: with
-    several engines on one machine (the local profile's three types, a type's replicas in a
+    several engines on one machine (the local profile's four types, a type's replicas in a
     rehearsal or a benchmark) every worker was pinned to the same core, while the others
     idled. Unbound, a worker runs the threads Ray gives the replica's CPU share
     (OMP_NUM_THREADS: its whole CPUs, at least one) wherever the kernel finds room.

@@ -3,7 +3,8 @@
 vLLM has no public hook for what the adapter mends or measures: forced calls that skip the
 structural tag (`forced_tool_calls`), rewindable seeded sampling on CPU (`seeded_sampling`),
 JSON-schema strings held to JSON (`strict_json`), a prompt's length as the serving layer
-renders it, and the Responses handler built on the replica's own engine (`responses`). Those
+renders it (an embedding request's inputs too: `embeddings`), and the Responses handler built
+on the replica's own engine (`responses`). Those
 modules do the work; this one names every private surface they touch. Each replica calls
 `check()` before it builds its engine: a vLLM whose internals moved fails there, naming what
 moved and which module needs it, instead of mid-request or, for a patch, silently unapplied.
@@ -148,6 +149,21 @@ READ = (
         "vllm.entrypoints.anthropic.serving",
         "AnthropicServingMessages.count_tokens",
         "messages: a Messages prompt's length",
+    ),
+    Surface(
+        "vllm.entrypoints.pooling.base.serving",
+        "PoolingBaseServing._init_ctx",
+        "embeddings: the inputs' length",
+    ),
+    Surface(
+        "vllm.entrypoints.pooling.embed.serving",
+        "ServingEmbedding._preprocessing",
+        "embeddings: the inputs' length",
+    ),
+    Surface(
+        "vllm.entrypoints.pooling.typing",
+        "PoolingServeContext.engine_inputs",
+        "embeddings: the inputs' length",
     ),
     Surface(
         "vllm.entrypoints.launchers.api_server.app_state",

@@ -114,7 +114,7 @@ def test_production_builds_without_gpus_into_options_ray_accepts(production_depl
     names = {(d.app, d.name) for d in production_deployments}
     # Each type's application: a placeholder ingress (Serve refuses a custom request router on
     # an application's ingress under HAProxy) over the model deployment, with its router.
-    types = ("ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder")
+    types = ("ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder", "ServiceAi-Embed")
     assert names == {
         *((name, name) for name in types),
         *((name, "ModelTypeApp") for name in types),
@@ -157,6 +157,7 @@ def test_every_replica_fits_exactly_one_node_type(production_deployments, cluste
         "ServiceAi-Fast": "gpu_l4",
         "ServiceAi-Pro": "gpu_h100",
         "ServiceAi-Coder": "gpu_l40s",
+        "ServiceAi-Embed": "gpu_l4",
         "Ingress": "cpu_ingress",
     }
     for d in serving(production_deployments):
@@ -256,6 +257,7 @@ def test_local_profile_still_builds_one_application():
         ("serviceai", "ServiceAi-Fast"),
         ("serviceai", "ServiceAi-Pro"),
         ("serviceai", "ServiceAi-Coder"),
+        ("serviceai", "ServiceAi-Embed"),
     }
     (app,) = load(LOCAL_SERVE_CONFIG)["applications"]
     assert ServeApplicationSchema.model_validate(app).route_prefix == "/"

@@ -153,3 +153,5 @@ def test_a_request_runs_n_sequences_of_each_of_its_prompts():
     assert sequences("completion", {"prompt": [[1], [2]], "n": 2}) == 4
     assert sequences("completion", {"prompt": [1, 2, 3]}) == 1
     assert sequences("responses", {"input": "x"}) == 1
+    assert sequences("embeddings", {"input": ["a", "b", "c"]}) == 3
+    assert sequences("embeddings", {"input": [1, 2]}) == 1

@@ -12,11 +12,13 @@ def test_shipped_local_config_is_valid():
         "ServiceAi-Fast",
         "ServiceAi-Pro",
         "ServiceAi-Coder",
+        "ServiceAi-Embed",
     ]
     assert {m.model_env for m in config.model_types} == {
         "SERVICEAI_MODEL_FAST",
         "SERVICEAI_MODEL_PRO",
         "SERVICEAI_MODEL_CODER",
+        "SERVICEAI_MODEL_EMBED",
     }
 
 
@@ -25,7 +27,12 @@ def test_builder_binds_ingress_and_one_deployment_per_type():
     ingress = application._bound_deployment
     assert ingress.name == "Ingress"
     models = ingress.init_args[1]
-    assert sorted(models) == ["ServiceAi-Coder", "ServiceAi-Fast", "ServiceAi-Pro"]
+    assert sorted(models) == [
+        "ServiceAi-Coder",
+        "ServiceAi-Embed",
+        "ServiceAi-Fast",
+        "ServiceAi-Pro",
+    ]
     assert models["ServiceAi-Pro"]._bound_deployment.name == "ServiceAi-Pro"
 
 
@@ -81,11 +88,12 @@ def test_separate_model_apps_binds_the_ingress_only_and_looks_each_type_up_by_it
         "ServiceAi-Fast",
         "ServiceAi-Pro",
         "ServiceAi-Coder",
+        "ServiceAi-Embed",
     ]
     assert ServiceConfig.model_validate(app_args()).model_type_app("ServiceAi-Fast") is None
 
 
-NAMES = ["ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"]
+NAMES = ["ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder", "ServiceAi-Embed"]
 
 
 @pytest.mark.parametrize("elsewhere", [{"separate_model_apps": True}, {"models_app": "serviceai"}])

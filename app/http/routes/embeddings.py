@@ -1,0 +1,20 @@
+"""POST /v1/embeddings: vectors of an embedding type, with the same keys, plans and usage."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from app.accounts.auth import Caller, authenticate
+from app.http.routes.chat import ERRORS
+from app.openai.embeddings import EmbeddingList, EmbeddingRequest
+from app.serving.calls import EmbeddingsCall
+from app.serving.pipeline import serve
+
+router = APIRouter()
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingList, responses=ERRORS)
+async def create_embeddings(
+    body: EmbeddingRequest, request: Request, caller: Caller = Depends(authenticate)
+) -> Response:
+    return await serve(request, caller, EmbeddingsCall(body))
