@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install browser node-clients lint run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority \
+.PHONY: install browser node-clients lint run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority bench-embeddings \
 	lock clean cluster-up cluster-down
 
 install: $(STAMP)
@@ -88,6 +88,10 @@ bench-ray-llm: install
 # 64 conversations x 6 turns on 1, 2 and 4 replicas: power of two, our router, Ray's (~10 min).
 bench-affinity: install
 	$(BIN)/python -m bench.prefix_affinity
+
+# Embeddings per second through ServiceAi-Embed against bare vLLM on the same model (~10 min).
+bench-embeddings: install
+	$(BIN)/python -m bench.embeddings
 
 # A free flood and a pro trickle on 8 engine slots: fcfs, priority, priority with a reserve, bare vLLM (~10 min).
 bench-priority: install

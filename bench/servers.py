@@ -49,6 +49,7 @@ class Server:
     model: str
     ray_dir: Path | None = None  # the Ray temp dir of this server's cluster, if it runs on Ray
     pid: int | None = None  # the server process, if it is one process tree
+    embeddings: bool = False  # it serves an embedding model: ready when an embedding answers
 
 
 def bench_model_type() -> dict[str, Any]:
@@ -171,13 +172,17 @@ def engine_cli_args(engine_args: dict[str, Any]) -> list[str]:
 
 
 def _wait_for_chat(server: Server, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    """Ready means a one-token completion succeeds (listing models answers before the engine is up)."""
-    body = (
-        b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}'
-        % server.model.encode()
-    )
+    """Ready means a one-token completion (or an embedding) succeeds (listing models answers
+    before the engine is up)."""
+    if server.embeddings:
+        path, ask = "embeddings", {"model": server.model, "input": "hi"}
+    else:
+        messages = [{"role": "user", "content": "hi"}]
+        path, ask = "chat/completions", {"model": server.model, "messages": messages}
+        ask["max_tokens"] = 1
+    body = json.dumps(ask).encode()
     request = urllib.request.Request(
-        f"{server.base_url}/v1/chat/completions",
+        f"{server.base_url}/v1/{path}",
         data=body,
         headers={"Authorization": f"Bearer {server.api_key}", "Content-Type": "application/json"},
     )

@@ -1,8 +1,9 @@
 """One request through the gateway to a model type and its reply back: every API, one path.
 
-Chat, completions and responses take the same steps in the same order: resolve the model
-type, refuse what cannot be honoured (by name), check the request against the model (the
-reply and the prompt against the context), check that the reply can ever fit the plan,
+Chat, completions, responses, messages and embeddings take the same steps in the same order:
+resolve the model type, refuse what cannot be honoured (by name), check the request against
+the model (its API served there, the reply and the prompt against the context, an embedding's
+inputs against the plan's bounds), check that the reply can ever fit the plan,
 admit it (its ticket sets the plan's cap and priority in the payload), dispatch it, relay
 the reply (a whole body, or the replica's events as it batched them), and charge the ticket
 once with the engine's token counts, however the request ends (`app.limits.ticket`). An

@@ -1,0 +1,235 @@
+"""Embeddings through the service against bare vLLM on the same model (`make bench-embeddings`).
+
+One run, the two servers in turn, each alone on the machine: bare `vllm serve --runner pooling`
+and this service's ServiceAi-Embed (`serve run` of the local profile with that type alone, a
+plan that never refuses), on the generated embedding model with the local profile's engine
+arguments. At each concurrency, clients send POST /v1/embeddings back to back, each request
+`--inputs` texts of ~24 tokens (distinct: no cache helps); per server the embeddings per
+second, the input tokens per second (the servers' own `usage`) and the latency p50/p99, in
+`--rounds` rounds that alternate the servers (this machine's speed drifts between minutes).
+Results: bench/results/<stamp>-embeddings.json and a table on stdout (bench/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import os
+import random
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench.priority import percentiles
+from bench.run import RESULTS, STACK_LOCK
+from bench.servers import (
+    BENCH_LIMITS,
+    BIN,
+    PROJECT_ROOT,
+    SERVE_CONFIG,
+    Server,
+    _descendants,
+    _serve_run,
+    _stop,
+    _wait_for_chat,
+    cluster_env,
+    engine_cli_args,
+    free_port,
+    provision_key,
+    stop_servers_on_sigterm,
+)
+from deployments.model_type import ModelTypeConfig, generated_model
+
+EMBED = "ServiceAi-Embed"
+CONCURRENCIES = (1, 32)
+REQUESTS = {1: 600, 32: 3000}
+WARMUP = 20
+ENGINE_SET_BY_NAME = {"model", "tokenizer", "served_model_name", "runner"}
+"""Given to `vllm serve` as flags of their own (bare_vllm), not as engine args."""
+WORDS = "the quick brown fox jumps over a lazy dog while ray serve scales vllm replicas".split()
+
+
+def embed_type() -> dict[str, Any]:
+    """The local profile's embedding type, as serve_config.yaml has it."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    [app] = config["applications"]
+    return next(m for m in app["args"]["model_types"] if m["name"] == EMBED)
+
+
+def texts(count: int, seed: int) -> list[str]:
+    """`count` distinct texts of 12 words and a number each (~24 tokens of the tiny model)."""
+    rng = random.Random(seed)
+    return [f"{i} " + " ".join(rng.choices(WORDS, k=12)) for i in range(count)]
+
+
+@contextmanager
+def bare_vllm(model: str, engine_args: dict[str, Any], log_dir: Path) -> Iterator[Server]:
+    """`vllm serve` of the embedding model with vLLM's pooling runner."""
+    port = free_port()
+    command = [
+        str(BIN / "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--runner",
+        "pooling",
+        "--served-model-name",
+        EMBED,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--disable-uvicorn-access-log",
+        *engine_cli_args(engine_args),
+    ]
+    log = log_dir / "bare-vllm-embed.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
+    server = Server(
+        "bare vLLM", f"http://127.0.0.1:{port}", "unused", EMBED, pid=process.pid, embeddings=True
+    )
+    try:
+        _wait_for_chat(server, process, log, 600)
+        yield server
+    finally:
+        _stop(process, _descendants(process.pid))
+
+
+@contextmanager
+def serviceai(log_dir: Path) -> Iterator[Server]:
+    """The service as `make run` starts it, with the embedding type alone."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    port = free_port()
+    config["http_options"]["port"] = port
+    [app] = config["applications"]
+    app["args"]["model_types"] = [{**embed_type(), "model_env": None}]
+    app["args"]["plans"] = {"free": {EMBED: {**BENCH_LIMITS, "input_tokens_per_request": 10**6}}}
+    ray_tmp = Path(tempfile.mkdtemp(prefix="saie-", dir="/tmp"))
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **cluster_env(ray_tmp / "h", free_port)}
+    env["SERVICEAI_DATABASE_URL"] = f"sqlite+aiosqlite:///{ray_tmp / 'keys.db'}"
+    key = provision_key(env["SERVICEAI_DATABASE_URL"], "bench@serviceai.local")
+    server = Server("ServiceAi", f"http://127.0.0.1:{port}", key, EMBED, ray_tmp, embeddings=True)
+    with _serve_run(server, config, env, log_dir / "serviceai-embed.log", 600):
+        yield server
+
+
+async def load(server: Server, concurrency: int, requests: int, inputs: int, seed: int) -> dict:
+    """`requests` embedding requests of `inputs` texts each, `concurrency` at a time."""
+    batches = [texts(inputs, seed * 100_000 + i * inputs) for i in range(requests + WARMUP)]
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    latencies: list[float] = []
+    tokens = 0
+    async with httpx.AsyncClient(
+        base_url=server.base_url, headers=headers, limits=limits, timeout=120
+    ) as client:
+
+        async def one(batch: list[str], timed: bool) -> None:
+            nonlocal tokens
+            started = time.perf_counter()
+            response = await client.post("/v1/embeddings", json={"model": EMBED, "input": batch})
+            response.raise_for_status()
+            reply = response.json()
+            assert len(reply["data"]) == len(batch)
+            if timed:
+                latencies.append(time.perf_counter() - started)
+                tokens += reply["usage"]["prompt_tokens"]
+
+        async def worker(queue: list[list[str]], timed: bool) -> None:
+            while queue:
+                await one(queue.pop(), timed)
+
+        warm = batches[:WARMUP]
+        await asyncio.gather(*(worker(warm, False) for _ in range(min(concurrency, WARMUP))))
+        queue = batches[WARMUP:]
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(queue, True) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return {
+        "embeddings_per_s": requests * inputs / elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "latency": percentiles(latencies),
+    }
+
+
+def table(runs: dict[str, dict[int, list[dict]]], inputs: int) -> str:
+    """Medians over rounds, the service against bare vLLM."""
+    lines = [
+        f"Inputs per request: {inputs}. Medians of the rounds.",
+        "",
+        "| Concurrency | Server | Embeddings/s | Input tok/s | p50 ms | p99 ms | vs bare |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for concurrency in sorted(next(iter(runs.values()))):
+        bare = statistics.median(r["embeddings_per_s"] for r in runs["bare vLLM"][concurrency])
+        for name, by_concurrency in runs.items():
+            rounds = by_concurrency[concurrency]
+            rate = statistics.median(r["embeddings_per_s"] for r in rounds)
+            lines.append(
+                f"| {concurrency} | {name} | {rate:.1f} "
+                f"| {statistics.median(r['tokens_per_s'] for r in rounds):.0f} "
+                f"| {statistics.median(r['latency']['p50_ms'] for r in rounds):.1f} "
+                f"| {statistics.median(r['latency']['p99_ms'] for r in rounds):.1f} "
+                f"| {rate / bare:.2f}x |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    stop_servers_on_sigterm()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--inputs", type=int, default=1, help="texts per request")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="times the default number of requests"
+    )
+    args = parser.parse_args()
+    config = ModelTypeConfig.model_validate(embed_type())
+    model = str(generated_model(config.resolved_model()) or config.model)
+    engine_args = {
+        k: v for k, v in config.engine_kwargs(model).items() if k not in ENGINE_SET_BY_NAME
+    }
+    log_dir = Path(tempfile.mkdtemp(prefix="sai-embed-"))
+    with open(STACK_LOCK, "w") as lock:
+        print(f"waiting for {STACK_LOCK} (held while tests or a benchmark run) ...", flush=True)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        runs = measure(model, engine_args, log_dir, args.rounds, args.inputs, args.scale)
+    report = table(runs, args.inputs)
+    print(report)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = RESULTS / f"{stamp}-embeddings.json"
+    out.write_text(json.dumps({"inputs": args.inputs, "runs": runs, "table": report}, indent=1))
+    print(f"wrote {out.relative_to(PROJECT_ROOT)} (logs in {log_dir})")
+
+
+def measure(
+    model: str, engine_args: dict[str, Any], log_dir: Path, rounds: int, inputs: int, scale: float
+) -> dict[str, dict[int, list[dict]]]:
+    """Every round's results, by server and concurrency; the servers alternate first."""
+    runs: dict[str, dict[int, list[dict]]] = {"bare vLLM": {}, "ServiceAi": {}}
+    for round_ in range(rounds):
+        order = ("bare vLLM", "ServiceAi") if round_ % 2 == 0 else ("ServiceAi", "bare vLLM")
+        for name in order:
+            starting = bare_vllm(model, engine_args, log_dir) if name == "bare vLLM" else None
+            with starting or serviceai(log_dir) as server:
+                for concurrency in CONCURRENCIES:
+                    requests = max(concurrency, int(REQUESTS[concurrency] * scale))
+                    result = asyncio.run(load(server, concurrency, requests, inputs, round_))
+                    runs[name].setdefault(concurrency, []).append(result)
+                    print(f"round {round_} {name} c={concurrency}: {result}", flush=True)
+    return runs
+
+
+if __name__ == "__main__":
+    main()
