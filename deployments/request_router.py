@@ -76,7 +76,20 @@ def rendered(api: str, body: dict[str, Any]) -> tuple[Any, Any]:
         return body.get("tools"), body.get("messages")
     if api == "responses":
         return [body.get("instructions"), body.get("tools")], body.get("input")
+    if api == "messages":
+        return [body.get("system"), body.get("tools")], body.get("messages")
     return None, body.get("prompt")
+
+
+def adapter_of(body: dict[str, Any]) -> bytes:
+    """The LoRA adapter a request names (`model` as `Type:adapter`), else nothing: vLLM's
+    cache holds an adapter's prefixes apart from the base model's."""
+    model = body.get("model")
+    return model.encode() if isinstance(model, str) and ":" in model else b""
+
+
+UNCACHED_APIS = frozenset({"embeddings"})
+"""Requests whose prompts leave nothing in the cache for the next: the power of two alone."""
 
 
 def prompt_text(api: str, body: dict[str, Any]) -> bytes:
@@ -199,12 +212,17 @@ class Routing:
     __slots__ = ("hashes", "first_blocks", "home_key", "new", "decision", "preferred")
 
     def __init__(self, api: str, body: dict[str, Any]) -> None:
-        text = prompt_text(api, body)
-        first_turn = first_turn_text(api, body)
+        adapter = adapter_of(body)
+        text = adapter + prompt_text(api, body)
+        first_turn = adapter + first_turn_text(api, body)
         self.hashes = block_hashes(text, len(first_turn))
         self.new = len(text) <= len(first_turn) + 1  # the first turn: nothing after it
         self.first_blocks = -(-len(first_turn) // BLOCK_BYTES)  # in every later turn
-        self.home_key = home_key(first_turn)
+        # An adapter's requests share a home, whatever their conversation: the replicas
+        # that hold it in memory serve it, and a burst on it loads it on no other replica
+        # until its home is max_imbalance requests busier than the least busy one.
+        self.home_key = home_key(adapter or first_turn)
+        self.new = self.new and not adapter
         self.decision = "home"
         self.preferred: set[ReplicaID] = set()
         """The replicas `decision` named; another one routed to is a spill."""
@@ -301,6 +319,7 @@ class ServiceRouter(RequestRouter):
             not self._affinity
             or pending_request.metadata.call_method not in AFFINE_METHODS
             or len(args) < 2
+            or args[0] in UNCACHED_APIS
         ):
             return None
         routing = Routing(args[0], args[1])

@@ -98,6 +98,10 @@ def test_every_api_hashes_what_its_engine_renders_first():
     assert prompt_text("completion", {"prompt": "abc"}) == b'null"abc"'
     responses = prompt_text("responses", {"instructions": "be brief", "input": "hi"})
     assert responses.startswith(b'["be brief",null]')
+    hi = [{"role": "user", "content": "hi"}]
+    messages = prompt_text("messages", {"system": "be brief", "messages": hi})
+    assert messages == b'["be brief",null][{"role":"user","content":"hi"}]'
+    assert prompt_text("messages", {"messages": hi}) != prompt_text("messages", {"messages": []})
 
 
 def test_the_index_finds_the_longest_prefix_and_forgets_tails_first():
@@ -151,6 +155,35 @@ async def test_a_conversation_starts_on_its_home_and_returns_to_the_replica_that
     assert (await router.choose_replicas(replicas, second))[0] == [took]
     router.routed(second, took)
     assert decisions == ["spill", "affinity"]
+
+
+async def test_an_adapters_requests_share_a_home_whatever_their_conversation(decisions):
+    router = Router()
+    replicas = [replica(name) for name in "abcdefgh"]
+
+    def adapted(message: str, model: str) -> SimpleNamespace:
+        request = chat(message, request_id=f"{model}{message}")
+        request.args[1]["model"] = model
+        return request
+
+    homes = set()
+    for message in ("hi", "yo", "hey", "hello", "morning"):
+        [home] = (await router.choose_replicas(replicas, adapted(message, "T:acme")))[0]
+        homes.add(home.replica_id)
+    assert len(homes) == 1
+    others = set()
+    for adapter in ("T:a", "T:b", "T:c", "T:d", "T:e", "T:f"):
+        [home] = (await router.choose_replicas(replicas, adapted("hi", adapter)))[0]
+        others.add(home.replica_id)
+    assert len(others) > 1  # adapters spread over the replicas
+    # The same conversation on the base model or another adapter shares no cached prefix.
+    base, acme = chat("hello").args, adapted("hello", "T:acme").args
+    assert not set(Routing(*base).hashes) & set(Routing(*acme).hashes)
+
+
+def test_embeddings_go_by_load_alone():
+    router = Router()
+    assert router._routing(pending(("embeddings", {"input": ["a"]}))) is None
 
 
 async def test_a_shared_system_prompt_and_a_short_first_message_still_find_their_replica(
