@@ -163,6 +163,7 @@ def engine_options(config: ModelTypeConfig) -> dict[str, Any]:
         "tool_strict_level": config.tool_strict_level,
         "reserved_slots": config.reserved_slots,
         "busy_stream_interval": config.busy_stream_interval,
+        "adapters": config.adapter_paths(),
     }
 
 

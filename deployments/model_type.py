@@ -68,6 +68,15 @@ ENGINE_DEFAULTS: dict[str, Any] = {
 """What every type's engine gets unless its engine_args say otherwise."""
 
 
+class AdapterConfig(BaseModel):
+    """A LoRA adapter of a type's model, which clients call as `Type:name`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    path: str = Field(description="A local folder in PEFT's format, or a Hugging Face id.")
+
+
 class ModelTypeConfig(BaseModel):
     """One logical model type (e.g. ServiceAi-Fast): the concrete model, its engine, its replicas."""
 
@@ -89,6 +98,12 @@ class ModelTypeConfig(BaseModel):
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Passed verbatim to vLLM's AsyncEngineArgs."
+    )
+    adapters: list[AdapterConfig] = Field(
+        default_factory=list,
+        description="LoRA adapters of the model, each served as `Type:name` (vLLM's "
+        "enable_lora is then on; engine_args max_loras, max_lora_rank and max_cpu_loras size "
+        "what an engine holds at once).",
     )
     task: Literal["generate", "embed"] = Field(
         "generate",
@@ -231,8 +246,13 @@ class ModelTypeConfig(BaseModel):
             ]
             if generating:
                 raise ValueError(f"an embedding type (task: embed) generates nothing: {generating}")
+            if self.adapters:
+                raise ValueError("adapters are served on a type that generates (task: generate)")
         elif self.pooling is not None or self.normalize is not None:
             raise ValueError("pooling and normalize need task: embed")
+        names = [adapter.name for adapter in self.adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapter names must differ: {names}")
         if self.serving_processes > 1 and not self.num_cpus:
             # The replica then has a placement group, whose first bundle may not be empty.
             raise ValueError("serving_processes > 1 needs num_cpus > 0")
@@ -250,6 +270,10 @@ class ModelTypeConfig(BaseModel):
                 f"max_num_seqs ({max_num_seqs})"
             )
         return self
+
+    def adapter_paths(self) -> dict[str, str]:
+        """Each adapter's path by the name clients call it (`Type:name`)."""
+        return {f"{self.name}:{adapter.name}": adapter.path for adapter in self.adapters}
 
     def resolved_model(self, environ: dict[str, str] | None = None) -> str:
         """The concrete model: the override from `model_env` if set, else `model`."""
@@ -332,6 +356,8 @@ class ModelTypeConfig(BaseModel):
             "tensor_parallel_size": self.tensor_parallel_size,
             **self.engine_args,
         }
+        if self.adapters:
+            kwargs.setdefault("enable_lora", True)
         if self.task == "embed":
             kwargs["runner"] = "pooling"
             pooler = dict(kwargs.get("pooler_config") or {})

@@ -67,6 +67,8 @@ class ModelInfo(NamedTuple):
     """The engine orders requests by `priority` (the caller's plan's, set by the ingress)."""
     embedding: bool = False
     """An embedding model: it serves /v1/embeddings and no API that generates."""
+    adapters: tuple[str, ...] = ()
+    """Its LoRA adapters, as clients name them (`Type:adapter`)."""
 
 
 class GenerationError(Exception):

@@ -25,6 +25,7 @@ from app.accounts.keystore import KeyOwner, KeyStore, keygen
 from app.accounts.keystore.audit import Actor
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.schemas import ApiKey, KeyLimits, KeyScopes
+from app.accounts.scopes import covers
 from app.observability.metrics import authentication_failed
 from app.observability.request_record import record_of
 from app.openai.errors import ApiError
@@ -83,8 +84,9 @@ class Caller:
             return EXPIRED
         return None
 
-    def may_call(self, model_type: str) -> bool:
-        return self.models is None or model_type in self.models
+    def may_call(self, model: str) -> bool:
+        """A model type, or an adapter of one (`Type:adapter`: app.accounts.scopes.covers)."""
+        return self.models is None or covers(self.models, model)
 
     def scopes(self) -> KeyScopes:
         """The scopes of the key in use: the most a key it makes may have."""

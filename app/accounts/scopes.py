@@ -9,11 +9,19 @@ from app.accounts.keystore.schemas import KeyLimits, KeyScopes
 from app.openai.errors import ApiError
 
 
+def covers(models: Iterable[str], name: str) -> bool:
+    """A scope's models allow `name`: a type, or one of its LoRA adapters (`Type:adapter`),
+    which a type's scope allows too; a key scoped to an adapter calls that adapter alone."""
+    allowed = set(models)
+    return name in allowed or (":" in name and name.partition(":")[0] in allowed)
+
+
 def check_models(scopes: KeyScopes, model_types: Iterable[str]) -> None:
-    """A 400 naming the model types when `scopes.models` names another."""
+    """A 400 naming the model types when `scopes.models` names another (an adapter of a
+    known type, `Type:adapter`, is allowed)."""
     known = list(model_types)
     for name in scopes.models or ():
-        if name not in known:
+        if name.partition(":")[0] not in known:
             raise ApiError(
                 400,
                 f"There is no model type '{name[:64]}'. Model types: {', '.join(known)}.",
@@ -25,7 +33,7 @@ def check_models(scopes: KeyScopes, model_types: Iterable[str]) -> None:
 def widened(ceiling: KeyScopes, wanted: KeyScopes) -> str | None:
     """The first field in which `wanted` allows more than `ceiling`, or None."""
     if ceiling.models is not None and (
-        wanted.models is None or not set(wanted.models) <= set(ceiling.models)
+        wanted.models is None or not all(covers(ceiling.models, m) for m in wanted.models)
     ):
         return "models"
     if ceiling.expires_at is not None and (

@@ -210,14 +210,16 @@ class RateLimits:
         *,
         model: ModelInfo,
         usage: UsageMeter | None,
+        usage_model: str | None = None,
     ) -> Ticket:
         """Admit a request (`admit`) and hand it its ticket: what it sets in the engine's
-        payload and its one charge, to these counters and to `usage`."""
+        payload and its one charge, to these counters and to `usage` (under `usage_model`, a
+        LoRA adapter's name, where it names one: the type's windows are charged all the same)."""
         admission = await self.admit(
             caller, model_type, reply.total, choices=reply.choices, longest=model.max_model_len
         )
         priority = self.plan_limits(caller.plan).priority
-        return Ticket(admission, usage, caller.key_id, model_type, priority)
+        return Ticket(admission, usage, caller.key_id, usage_model or model_type, priority)
 
     async def admit(
         self,

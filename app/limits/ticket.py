@@ -50,21 +50,21 @@ class Ticket:
     """An admitted request: the rate-limit headers its responses carry, what it sets in the
     engine's payload, and its one charge."""
 
-    __slots__ = ("headers", "_admission", "_usage", "_key_id", "_model_type", "_priority")
+    __slots__ = ("headers", "_admission", "_usage", "_key_id", "_model", "_priority")
 
     def __init__(
         self,
         admission: Admission,
         usage: UsageMeter | None,
         key_id: str,
-        model_type: str,
+        model: str,
         priority: int,
     ) -> None:
         self.headers = admission.headers
         self._admission = admission
         self._usage = usage
         self._key_id = key_id
-        self._model_type = model_type
+        self._model = model  # usage is recorded under it: a type, or an adapter
         self._priority = priority
 
     def shape(self, payload: dict, reply: ReplyLength, model: ModelInfo) -> None:
@@ -95,7 +95,7 @@ class Ticket:
 
     def _charge(self, prompt_tokens: int, completion_tokens: int) -> asyncio.Future[None]:
         if self._usage is not None and (prompt_tokens or completion_tokens):
-            self._usage.record(self._key_id, self._model_type, prompt_tokens, completion_tokens)
+            self._usage.record(self._key_id, self._model, prompt_tokens, completion_tokens)
         return self._admission.settle(prompt_tokens, completion_tokens)
 
 

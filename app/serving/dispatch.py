@@ -251,9 +251,12 @@ class ModelEndpoints:
         return list(self._endpoints)
 
     def get(self, model: str) -> ModelEndpoint:
-        """The endpoint of a model type (by its name or an alias), healthy or not; 404 for an
+        """The endpoint of a model type (by its name, an alias, or `Type:adapter` for one of
+        its LoRA adapters, which the type's replicas say they hold), healthy or not; 404 for an
         unknown model."""
         endpoint = self._endpoints.get(model) or self._aliased(model)
+        if endpoint is None and ":" in model:
+            endpoint = self._endpoints.get(model.partition(":")[0])
         if endpoint is None:
             raise ApiError(
                 404,
@@ -305,6 +308,16 @@ class ModelEndpoints:
             return (await endpoint.info()).max_model_len
         except ApiError:
             return None
+
+    async def adapters(self, model: str) -> tuple[str, ...]:
+        """A model type's LoRA adapters (`Type:adapter`); none while it has no replica."""
+        endpoint = self.get(model)
+        if running_replicas(endpoint.handle) == 0:
+            return ()
+        try:
+            return (await endpoint.info()).adapters
+        except ApiError:
+            return ()
 
     def refuse_orphans(self) -> None:
         """Refuse the calls waiting for a replica of a type that has none left and does not

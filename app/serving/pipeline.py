@@ -92,26 +92,34 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     """Serve one request of any API (see the module's docstring for the steps)."""
     models: ModelEndpoints = request.app.state.models
     limits: RateLimits = request.app.state.limits
-    check_allowed(caller, models.get(call.model).name)
+    adapter = adapter_named(call.model, models.get(call.model).name)
+    check_allowed(caller, adapter or models.get(call.model).name)
     endpoint = models.resolve(call.model)
     record = record_of(request)
     record.model_type = endpoint.name  # a 429 below is counted against the type it asked for
     call.check_fields()
     model = await endpoint.info()
+    check_adapter(adapter, model.name, model.adapters)
     check_api_served(call.api, model)
     check_reply_length(call, model)
     call.check_against_model(model)
     limits.check_fits(caller, endpoint.name, call.reply)
     await call.prepare()
     payload = call.payload()
-    payload["model"] = endpoint.name  # the replica serves the type's name, not an alias
+    # The replica serves the type's name (not an alias), and each adapter as `Type:adapter`.
+    payload["model"] = adapter or endpoint.name
     if call.inputs is not None:
         await check_inputs(limits, caller, endpoint, model, call.inputs, payload)
     else:
         prompt_bytes = len(await request.body()) + call.prompt_bytes
         await check_prompt_length(limits, caller, endpoint, model, call.api, payload, prompt_bytes)
     ticket = await limits.open(
-        caller, endpoint.name, call.reply, model=model, usage=request.app.state.usage
+        caller,
+        endpoint.name,
+        call.reply,
+        model=model,
+        usage=request.app.state.usage,
+        usage_model=adapter,
     )
     record.sent_to(endpoint.name, call.stream)
     ticket.shape(payload, call.reply, model)
@@ -140,16 +148,36 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     )
 
 
-def check_allowed(caller: Caller, model_type: str) -> None:
-    """A key scoped to some model types calls only those: 403 naming them."""
-    if not caller.may_call(model_type):
+def check_allowed(caller: Caller, model: str) -> None:
+    """A key scoped to some model types (or adapters) calls only those: 403 naming them."""
+    if not caller.may_call(model):
         allowed = ", ".join(sorted(caller.models or ()))
         raise ApiError(
             403,
-            f"This API key may not call {model_type}; it may call: {allowed}. Use a key "
-            "scoped to this model type, or ask the key's owner to widen its scope.",
+            f"This API key may not call {model}; it may call: {allowed}. Use a key "
+            "scoped to this model, or ask the key's owner to widen its scope.",
             param="model",
             code="model_not_allowed",
+        )
+
+
+def adapter_named(model: str, model_type: str) -> str | None:
+    """The LoRA adapter `model` names (`Type:adapter`, on the type it resolved to), or None."""
+    if ":" not in model or model.partition(":")[0] != model_type:
+        return None
+    return model
+
+
+def check_adapter(adapter: str | None, model_type: str, held: tuple[str, ...]) -> None:
+    """An adapter the type's replicas do not hold (`held`) is a model that does not exist:
+    404."""
+    if adapter is not None and adapter not in held:
+        raise ApiError(
+            404,
+            f"The model '{adapter[:100]}' does not exist: {model_type} has no adapter of that "
+            f"name. Its adapters: {', '.join(held) or 'none'}.",
+            param="model",
+            code="model_not_found",
         )
 
 

@@ -21,6 +21,7 @@ from vllm.config import PoolerConfig, ReasoningConfig, StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.cli_args import FrontendArgs
+from vllm.entrypoints.openai.models.protocol import LoRAModulePath
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
@@ -53,9 +54,13 @@ def frontend_args(
     reasoning_parser: str | None,
     chat_template: str | None,
     tool_strict_level: str,
+    adapters: dict[str, str] | None = None,
 ) -> argparse.Namespace:
-    """The flat namespace vLLM's `init_app_state` reads (as `vllm serve` parses it)."""
+    """The flat namespace vLLM's `init_app_state` reads (as `vllm serve` parses it); each of
+    `adapters` (a path by served name) as `--lora-modules` names one."""
     frontend = FrontendArgs(
+        lora_modules=[LoRAModulePath(name, path) for name, path in (adapters or {}).items()]
+        or None,
         enable_auto_tool_choice=tool_call_parser is not None,
         tool_call_parser=tool_call_parser,
         tool_strict_level=tool_strict_level,
@@ -101,6 +106,7 @@ class VllmEngine:
         self._tool_strict_level = tool_strict_level
         self.tool_call_parser = tool_call_parser
         self.reasoning_parser = reasoning_parser
+        self.adapters: tuple[str, ...] = ()
         self.max_model_len: int = engine.model_config.max_model_len
         self.template_tokens = 0
         self.gate: PriorityGate | None = None
@@ -120,6 +126,7 @@ class VllmEngine:
         serving_processes: int = 1,
         start_others: Callable[[list[EngineClient]], None] | None = None,
         client: EngineClient | None = None,
+        adapters: dict[str, str] | None = None,
     ) -> VllmEngine:
         """Build the engine and the serving layer, serving the model as `name`; returns once
         the model is loaded. vLLM's engine metrics (vllm:*) go out through Ray's metrics API,
@@ -141,6 +148,7 @@ class VllmEngine:
             reasoning_parser=reasoning_parser,
             chat_template=chat_template,
             tool_strict_level=tool_strict_level,
+            adapters=adapters,
         )
         # The defaults `vllm serve` gets (max_num_batched_tokens: 8192 on an H100, not 2048).
         loggers: list[Any] = [RayPrometheusStatLogger]
@@ -181,6 +189,7 @@ class VllmEngine:
             tool_strict_level=tool_strict_level,
         )
         served.gate = gate
+        served.adapters = tuple(adapters or ())
         if served.embedding:
             return served
         try:
@@ -246,6 +255,7 @@ class VllmEngine:
             self.template_tokens,
             self.gate is not None,
             self.embedding,
+            self.adapters,
         )
 
     async def check_health(self) -> None:

@@ -166,6 +166,12 @@ READ = (
         "embeddings: the inputs' length",
     ),
     Surface(
+        "vllm.entrypoints.openai.models.protocol",
+        "LoRAModulePath",
+        "engine: a type's adapters, as `vllm serve --lora-modules` names them",
+        ("name", "path"),
+    ),
+    Surface(
         "vllm.entrypoints.launchers.api_server.app_state",
         "init_app_state",
         "engine: vLLM's serving layer, built as `vllm serve` builds it",

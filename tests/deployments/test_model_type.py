@@ -194,9 +194,40 @@ def test_model_env_overrides_the_model():
         ({"max_ongoing_requests": 0}, "max_ongoing_requests"),
         ({"surprise": True}, "surprise"),
         ({"name": "has space"}, "name"),
+        ({"task": "embed", "tool_call_parser": "hermes"}, "generates nothing"),
+        ({"task": "embed", "adapters": [{"name": "a", "path": "/a"}]}, "adapters are served"),
+        ({"pooling": "mean"}, "pooling and normalize need task: embed"),
+        ({"adapters": [{"name": "a", "path": "/a"}, {"name": "a", "path": "/b"}]}, "differ"),
+        ({"adapters": [{"name": "a:b", "path": "/a"}]}, "name"),
+        ({"engine_args": {"runner": "pooling"}}, "engine_args"),
     ],
 )
 def test_bad_config_names_the_field(fields, fragment):
     with pytest.raises(ValidationError) as info:
         ModelTypeConfig.model_validate({"name": "ServiceAi-Fast", **fields})
     assert fragment in str(info.value)
+
+
+def test_an_embedding_type_runs_the_pooling_runner_with_its_pooling():
+    config = ModelTypeConfig.model_validate(
+        {"name": "ServiceAi-Embed", "task": "embed", "pooling": "mean", "normalize": False}
+    )
+    kwargs = config.engine_kwargs("/m")
+    assert kwargs["runner"] == "pooling"
+    assert kwargs["pooler_config"] == {"pooling_type": "MEAN", "use_activation": False}
+    plain = ModelTypeConfig.model_validate({"name": "ServiceAi-Embed", "task": "embed"})
+    assert "pooler_config" not in plain.engine_kwargs("/m")  # the model's own
+
+
+def test_adapters_turn_lora_on_and_are_served_as_type_colon_name():
+    config = ModelTypeConfig.model_validate(
+        {
+            "name": "ServiceAi-Coder",
+            "adapters": [{"name": "acme-sql", "path": "/adapters/acme"}],
+            "engine_args": {"max_loras": 4},
+        }
+    )
+    assert config.adapter_paths() == {"ServiceAi-Coder:acme-sql": "/adapters/acme"}
+    kwargs = config.engine_kwargs("/m")
+    assert kwargs["enable_lora"] is True and kwargs["max_loras"] == 4
+    assert "enable_lora" not in ModelTypeConfig(name="ServiceAi-Fast").engine_kwargs("/m")

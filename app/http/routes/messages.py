@@ -13,7 +13,13 @@ from fastapi.responses import Response
 from app.accounts.auth import Caller, authenticate
 from app.anthropic.messages import CountTokensRequest, MessagesRequest
 from app.serving.messages_call import MessagesCall
-from app.serving.pipeline import check_allowed, serve
+from app.serving.pipeline import (
+    adapter_named,
+    check_adapter,
+    check_allowed,
+    check_api_served,
+    serve,
+)
 
 router = APIRouter(tags=["messages"])
 
@@ -41,11 +47,15 @@ async def count_tokens(
     """The prompt's tokens as the model type's replica renders it; it counts as a request
     against the caller's request rate (a replica rendered it)."""
     models = request.app.state.models
-    check_allowed(caller, models.get(body.model).name)
+    adapter = adapter_named(body.model, models.get(body.model).name)
+    check_allowed(caller, adapter or models.get(body.model).name)
     endpoint = models.resolve(body.model)
     call = MessagesCall(body)
     call.check_fields()
-    call.check_against_model(await endpoint.info())
+    model = await endpoint.info()
+    check_adapter(adapter, model.name, model.adapters)
+    check_api_served(call.api, model)
+    call.check_against_model(model)
     await request.app.state.limits.refuse(caller, endpoint.name)
-    payload = {**call.payload(), "model": endpoint.name}
+    payload = {**call.payload(), "model": adapter or endpoint.name}
     return {"input_tokens": await endpoint.prompt_tokens("messages", payload)}

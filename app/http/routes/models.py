@@ -8,17 +8,21 @@ from fastapi import APIRouter, Depends, Request
 from app.accounts.auth import Caller, authenticate
 from app.openai.protocol import ErrorResponse, ModelCard, ModelList
 from app.serving.dispatch import ModelEndpoints
-from app.serving.pipeline import check_allowed
+from app.serving.pipeline import adapter_named, check_adapter, check_allowed
 
 router = APIRouter()
 
 
 @router.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorResponse}})
 async def list_models(request: Request, caller: Caller = Depends(authenticate)) -> ModelList:
+    """The types, each followed by its LoRA adapters (`Type:adapter`), that the key may call."""
     models: ModelEndpoints = request.app.state.models
-    return ModelList(
-        data=[await _card(models, name) for name in models.names if caller.may_call(name)]
-    )
+    cards = []
+    for name in models.names:
+        for model in [name, *await models.adapters(name)]:
+            if caller.may_call(model):
+                cards.append(await _card(models, name, model))
+    return ModelList(data=cards)
 
 
 @router.get(
@@ -31,11 +35,15 @@ async def retrieve_model(
 ) -> ModelCard:
     models: ModelEndpoints = request.app.state.models
     name = models.get(model_id).name
-    check_allowed(caller, name)
-    return await _card(models, name)
+    adapter = adapter_named(model_id, name)
+    if adapter is not None:
+        check_adapter(adapter, name, await models.adapters(name))
+    check_allowed(caller, adapter or name)
+    return await _card(models, name, adapter or name)
 
 
-async def _card(models: ModelEndpoints, name: str) -> ModelCard:
+async def _card(models: ModelEndpoints, name: str, model: str) -> ModelCard:
+    """The card of a type (`model` its name) or of one of its adapters."""
     return ModelCard(
-        id=name, created=models.created, max_model_len=await models.max_model_len(name)
+        id=model, created=models.created, max_model_len=await models.max_model_len(name)
     )
