@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install browser node-clients lint run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority bench-embeddings \
+.PHONY: install browser node-clients lint run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority bench-embeddings bench-adapters \
 	lock clean cluster-up cluster-down
 
 install: $(STAMP)
@@ -92,6 +92,10 @@ bench-affinity: install
 # Embeddings per second through ServiceAi-Embed against bare vLLM on the same model (~10 min).
 bench-embeddings: install
 	$(BIN)/python -m bench.embeddings
+
+# Chat over 0, 1, 4 and 16 LoRA adapters through ServiceAi-Fast against bare vLLM (~10 min).
+bench-adapters: install
+	$(BIN)/python -m bench.adapters
 
 # A free flood and a pro trickle on 8 engine slots: fcfs, priority, priority with a reserve, bare vLLM (~10 min).
 bench-priority: install

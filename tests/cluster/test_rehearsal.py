@@ -55,6 +55,7 @@ def test_a_type_deployed_before_its_node_joins_is_pending_then_serves(rehearsal)
         "ServiceAi-Fast": "ready",
         "ServiceAi-Pro": "pending",
         "ServiceAi-Coder": "ready",
+        "ServiceAi-Embed": "ready",  # scales to zero: a request starts its replica
     }
     assert rehearsal.app_status("ServiceAi-Pro") == "DEPLOYING"
     refused = rehearsal.chat("ServiceAi-Pro")

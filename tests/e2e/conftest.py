@@ -17,6 +17,9 @@ from tests.conftest import Stack
 from tests.e2e.browser import CHROMIUM
 
 MODEL_TYPES = ["ServiceAi-Fast", "ServiceAi-Pro", "ServiceAi-Coder"]
+"""The types that generate: every API but embeddings."""
+ALL_TYPES = [*MODEL_TYPES, "ServiceAi-Embed"]
+"""Every type the local profile serves, in its order."""
 
 
 LAST = "test_secrets_in_logs.py"

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL_TYPES, prompt_tokens
+from tests.e2e.conftest import ALL_TYPES, MODEL_TYPES, prompt_tokens
 
 HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
 
@@ -147,7 +147,7 @@ def test_nothing_reveals_the_concrete_model(http):
 
 
 def test_models_are_listed_and_retrieved(client, http):
-    assert [m.id for m in client.models.list()] == MODEL_TYPES
+    assert [m.id for m in client.models.list()] == ALL_TYPES
     assert client.models.retrieve("ServiceAi-Coder").id == "ServiceAi-Coder"
     response = http.get("/v1/models/gpt-4")
     assert response.status_code == 404
@@ -164,5 +164,5 @@ def test_ready_once_every_type_has_a_replica(stack):
     assert response.status_code == 200
     assert response.json() == {
         "status": "ready",
-        "model_types": {name: "ready" for name in MODEL_TYPES},
+        "model_types": {name: "ready" for name in ALL_TYPES},
     }

@@ -7,6 +7,7 @@ from ray import serve
 
 from app.builder import build_app
 from tests.conftest import APP_NAME, app_args
+from tests.e2e.conftest import ALL_TYPES
 
 
 def test_second_ingress_dispatches_to_the_same_engines(stack):
@@ -17,11 +18,7 @@ def test_second_ingress_dispatches_to_the_same_engines(stack):
         client = openai.OpenAI(
             base_url=f"{stack.origin}/alt/v1", api_key=stack.api_key, max_retries=0
         )
-        assert [m.id for m in client.models.list()] == [
-            "ServiceAi-Fast",
-            "ServiceAi-Pro",
-            "ServiceAi-Coder",
-        ]
+        assert [m.id for m in client.models.list()] == ALL_TYPES
         chunks = list(
             client.chat.completions.create(
                 model="ServiceAi-Pro",

@@ -430,6 +430,7 @@ def test_models_carry_max_model_len(client, http):
         "ServiceAi-Fast": 2048,
         "ServiceAi-Pro": 2048,
         "ServiceAi-Coder": 2048,
+        "ServiceAi-Embed": 2048,  # its longest input
     }
     assert http.get("/v1/models/ServiceAi-Pro").json()["max_model_len"] == 2048
 
