@@ -57,7 +57,7 @@ SPREADS = (0, 1, 4, 16)
 """Adapters the requests are spread over; 0: the base model alone."""
 LORA_ARGS = {"max_loras": 4, "max_lora_rank": 8}
 CONCURRENCY = 8
-REQUESTS = 96
+REQUESTS = 256
 TOKENS = 64
 ENGINE_SET_BY_NAME = {"model", "tokenizer", "served_model_name", "enable_lora"}
 """Given to `vllm serve` as flags of their own (bare_vllm), not as engine args."""
@@ -198,7 +198,7 @@ def table(runs: dict[str, dict[int, list[dict]]]) -> str:
 def main() -> None:
     stop_servers_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     log_dir = Path(tempfile.mkdtemp(prefix="sai-lora-"))
     adapters = write_adapters(log_dir / "adapters", ADAPTERS)
