@@ -12,7 +12,8 @@ grammar vLLM compiles from a schema (`response_format`, `text.format`, forced ca
 structural tags of automatic calls) goes through its EBNF, in which each such repetition
 matches one JSON character instead: an unescaped one other than U+0000-U+001F, `"` and `\\`,
 a short escape, a `\\u` escape of one code point, or a surrogate pair (one code point, as
-`maxLength` counts). A grammar with no such string is compiled by xgrammar as before;
+`maxLength` counts), never a surrogate's bytes, which xgrammar takes as one character and a
+decoder as three. A grammar with no such string is compiled by xgrammar as before;
 grammars a client writes (`structured_outputs.grammar`, regex) are theirs. Registered as a vLLM general plugin, so it runs in every vLLM process.
 """
 
@@ -27,13 +28,17 @@ BOUNDED_CHARACTER = r"[^\"\\\r\n]"
 or inline where the bound is 1)."""
 JSON_CHARACTER = "serviceai_json_character"
 JSON_CHARACTER_RULES = f"""\
-{JSON_CHARACTER} ::= [^\\"\\\\\\0-\\x1f] | "\\\\" [\\"\\\\/bfnrt] | "\\\\u" serviceai_bmp_code \
+{JSON_CHARACTER} ::= [^\\"\\\\\\0-\\x1f\\ud800-\\udfff] | "\\\\" [\\"\\\\/bfnrt] | "\\\\u" serviceai_bmp_code \
 | "\\\\u" [dD] [89abAB] serviceai_hex serviceai_hex "\\\\u" [dD] [c-fC-F] serviceai_hex serviceai_hex
 serviceai_bmp_code ::= [0-9a-cA-Ce-fE-F] serviceai_hex serviceai_hex serviceai_hex \
 | [dD] [0-7] serviceai_hex serviceai_hex
 serviceai_hex ::= [0-9a-fA-F]
 """
-"""One character of a JSON string as RFC 8259 writes it, a surrogate pair being one."""
+"""One character of a JSON string as RFC 8259 writes it, a surrogate pair being one. The
+unescaped one excludes U+D800-U+DFFF: xgrammar's negated class takes a surrogate's three UTF-8
+bytes (ED A0 80 ...) as one character, which no UTF-8 decoder reads as one (vLLM's detokenizer
+writes three U+FFFD), so a bounded string could come out three characters longer than its
+`maxLength`."""
 
 
 LATIN_1_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\x([0-9a-fA-F]{2})")

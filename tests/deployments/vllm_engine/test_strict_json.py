@@ -88,6 +88,38 @@ def test_a_bounded_string_takes_json_characters_only(compiler, text, ok):
     assert accepts(compiler.compile_json_schema(bounded(maxLength=3), **COMPACT), text) is ok
 
 
+def accepts_bytes(compiled, data: bytes) -> bool:
+    matcher = xgr.GrammarMatcher(compiled)
+    return matcher.accept_string(data) and matcher.is_completed()
+
+
+@pytest.mark.parametrize(
+    "character, ok",
+    [
+        ("é".encode(), True),
+        ("\ud7ff".encode(), True),  # the last code point before the surrogates
+        ("\ue000".encode(), True),  # the first after them
+        ("😀".encode(), True),  # four bytes, one character
+        (b"\xed\xa0\x80", False),  # U+D800's three bytes: no decoder reads one character
+        (b"\xed\xbf\xbf", False),  # U+DFFF's
+        (b"\xe0\x80\x80", False),  # an overlong form
+        (b"\x80", False),  # a lone continuation byte
+    ],
+)
+def test_a_bounded_string_takes_well_formed_utf_8_only(compiler, character, ok):
+    """A byte-level model writes bytes, not characters: a surrogate's three bytes decode to
+    three U+FFFD, which took a reply past `maxLength` (`"I,;" + ED A0 80` under maxLength 4)."""
+    compiled = compiler.compile_json_schema(bounded(maxLength=4), **COMPACT)
+    assert accepts_bytes(compiled, b'{"v":"I,;' + character + b'"}') is ok
+
+
+def test_xgrammar_alone_still_takes_a_surrogates_bytes_as_a_character():
+    """The second defect mended here; when an xgrammar upgrade fixes it, this fails."""
+    plain = xgr.GrammarCompiler(xgr.TokenizerInfo([]))
+    compiled = plain.compile_json_schema(bounded(maxLength=4), **COMPACT)
+    assert accepts_bytes(compiled, b'{"v":"I,;\xed\xa0\x80"}')
+
+
 def test_structural_tags_of_automatic_calls_are_mended_too(compiler):
     tag = {
         "type": "structural_tag",
