@@ -23,6 +23,7 @@ from app.limits.usage_journal import UsageJournal, default_folder
 from app.limits.usage_meter import UsageMeter
 from app.observability.metrics import InFlight
 from app.periodic import PeriodicFlush
+from app.serving.adapters import RegisteredAdapters
 from app.serving.dispatch import ModelEndpoints
 from deployments import ray_internals
 from deployments.garbage_collection import collect_less_often
@@ -109,6 +110,7 @@ class Ingress:
             cors_origins=settings.cors_origins,
             api_docs=settings.api_docs,
             response_store=self._responses,
+            adapters=RegisteredAdapters(self._keys.store, ttl_s=settings.key_cache_ttl_s),
         )
         mount_console(api, settings)
         return api

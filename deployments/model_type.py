@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from deployments.catalog import LOGICAL_MODEL_TYPES
 from deployments.priority_gate import BUSY_STREAM_INTERVAL
 from deployments.request_router import MAX_IMBALANCE
+from deployments.wire import ADAPTER_NAME
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = "tiny"
@@ -73,7 +74,7 @@ class AdapterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    name: str = Field(pattern=ADAPTER_NAME)
     path: str = Field(description="A local folder in PEFT's format, or a Hugging Face id.")
 
 

@@ -38,6 +38,15 @@ class ReplyPart(NamedTuple):
     via_feed: bool = False
 
 
+ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+"""A LoRA adapter's own name: clients call it as `Type:name` (configured or registered)."""
+
+ADAPTER_PATH = "serviceai_adapter_path"
+"""The body field in which the ingress sends a registered adapter's path with a request that
+names it: the replica loads it from there first, unless it holds it already, and takes the
+field out before vLLM reads the body."""
+
+
 SERVING_PROCESS_NAMESPACE = "serviceai"
 """The Ray namespace of the model replicas' serving processes, which the ingress finds by name."""
 
@@ -68,7 +77,9 @@ class ModelInfo(NamedTuple):
     embedding: bool = False
     """An embedding model: it serves /v1/embeddings and no API that generates."""
     adapters: tuple[str, ...] = ()
-    """Its LoRA adapters, as clients name them (`Type:adapter`)."""
+    """The LoRA adapters its config holds, as clients name them (`Type:adapter`)."""
+    lora: bool = False
+    """Its engine takes LoRA adapters: those registered at run time too."""
 
 
 class GenerationError(Exception):

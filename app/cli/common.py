@@ -77,9 +77,9 @@ def with_store(operation: Callable[[KeyStore], Awaitable[T]]) -> T:
         fail(exc.message, EXIT_UNAVAILABLE if exc.status >= 500 else EXIT_REFUSED)
 
 
-def validated(model: type[Model], **fields: object) -> Model:
+def validated(schema: type[Model], /, **fields: object) -> Model:
     try:
-        return model.model_validate(fields)
+        return schema.model_validate(fields)
     except ValidationError as exc:
         first = exc.errors()[0]
         name = ".".join(map(str, first["loc"])).replace("_", "-")

@@ -15,6 +15,7 @@ import yaml
 
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.errors import UserNotFound
+from app.cli.adapters import adapters
 from app.cli.common import EXIT_CODES, with_store
 from app.cli.keys import keys
 from app.cli.reports import audit, usage
@@ -26,6 +27,7 @@ from app.serving.ray_runtime import cluster_env, free_port
 cli = typer.Typer(help="ServiceAi: OpenAI-compatible chat completions on Ray Serve and vLLM.")
 cli.add_typer(users, name="users")
 cli.add_typer(keys, name="keys")
+cli.add_typer(adapters, name="adapters")
 cli.command("usage", epilog=EXIT_CODES)(usage)
 cli.command("audit", epilog=EXIT_CODES)(audit)
 

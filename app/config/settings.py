@@ -57,7 +57,8 @@ class Settings(BaseSettings):
         ge=0,
         le=300,
         description="How long an ingress replica trusts a verified key without asking the "
-        "store; a revocation reaches every replica within this time. 0 disables the cache.",
+        "store; a revocation reaches every replica within this time. 0 disables the cache. "
+        "The LoRA adapters registered in the store are read as often.",
     )
     key_cache_size: int = Field(
         100_000, ge=1, description="Verified keys each ingress replica keeps at most."

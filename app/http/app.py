@@ -30,6 +30,7 @@ from app.limits.usage_meter import UsageMeter
 from app.observability.metrics import InFlight
 from app.observability.request_record import ObservedRequests
 from app.openai.errors import api_path, install_error_handlers, validation_error
+from app.serving.adapters import RegisteredAdapters
 from app.serving.dispatch import ModelEndpoints
 
 
@@ -46,6 +47,7 @@ def create_api(
     cors_origins: Sequence[str] = (),
     api_docs: bool = True,
     response_store: ResponseStore | None = None,
+    adapters: RegisteredAdapters | None = None,
 ) -> FastAPI:
     """Build the HTTP API around a model router, a key verifier, the plans' rate limits and the
     usage meter; /admin only with a token, /docs and /openapi.json only with `api_docs`."""
@@ -61,6 +63,7 @@ def create_api(
     api.state.limits = limits
     api.state.usage = usage
     api.state.responses = response_store or ResponseStore(keys.store.database)
+    api.state.adapters = adapters or RegisteredAdapters(keys.store)
     install_error_handlers(api)
     api.add_exception_handler(KeyStoreError, _store_error)
     api.add_exception_handler(RequestValidationError, _refused_body)

@@ -26,8 +26,9 @@ from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.openai.sse import EventStream
 from app.serving import background
+from app.serving.adapters import adapter_path
 from app.serving.dispatch import ModelEndpoint, ModelEndpoints, PartStream, count_failure
-from deployments.wire import ModelInfo, ReplyPart
+from deployments.wire import ADAPTER_PATH, ModelInfo, ReplyPart
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 PROMPT_BYTES_BOUND = 2
@@ -99,7 +100,7 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     record.model_type = endpoint.name  # a 429 below is counted against the type it asked for
     call.check_fields()
     model = await endpoint.info()
-    check_adapter(adapter, model.name, model.adapters)
+    registered_path = await adapter_path(request.app.state.adapters, adapter, model)
     check_api_served(call.api, model)
     check_reply_length(call, model)
     call.check_against_model(model)
@@ -108,6 +109,8 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     payload = call.payload()
     # The replica serves the type's name (not an alias), and each adapter as `Type:adapter`.
     payload["model"] = adapter or endpoint.name
+    if registered_path is not None:
+        payload[ADAPTER_PATH] = registered_path
     if call.inputs is not None:
         await check_inputs(limits, caller, endpoint, model, call.inputs, payload)
     else:
@@ -166,19 +169,6 @@ def adapter_named(model: str, model_type: str) -> str | None:
     if ":" not in model or model.partition(":")[0] != model_type:
         return None
     return model
-
-
-def check_adapter(adapter: str | None, model_type: str, held: tuple[str, ...]) -> None:
-    """An adapter the type's replicas do not hold (`held`) is a model that does not exist:
-    404."""
-    if adapter is not None and adapter not in held:
-        raise ApiError(
-            404,
-            f"The model '{adapter[:100]}' does not exist: {model_type} has no adapter of that "
-            f"name. Its adapters: {', '.join(held) or 'none'}.",
-            param="model",
-            code="model_not_found",
-        )
 
 
 API_PATHS = {

@@ -28,13 +28,14 @@ from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from deployments.priority_gate import PriorityGate
 from deployments.vllm_engine import forced_tool_calls, replies
+from deployments.vllm_engine.adapters import RuntimeAdapters
 from deployments.vllm_engine.completions import ChatApi, CompletionApi
 from deployments.vllm_engine.counting import CountingEngineClient
 from deployments.vllm_engine.embeddings import EmbeddingsApi
 from deployments.vllm_engine.messages import MessagesApi
 from deployments.vllm_engine.replies import ServedApi
 from deployments.vllm_engine.shared_engine import EngineClient, SharedEngine, client_engine
-from deployments.wire import GenerationError, ModelInfo, ReplyPart
+from deployments.wire import ADAPTER_PATH, GenerationError, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")  # into the replica's Serve log
 
@@ -100,6 +101,9 @@ class VllmEngine:
         self.name = name
         self._engine = engine
         self._apis = served_apis(state)
+        self._models = state.openai_serving_models
+        self._runtime_adapters = RuntimeAdapters(name, self._models, engine)
+        self.lora = engine.vllm_config.lora_config is not None
         self.embedding = "embeddings" in self._apis
         self._responses: Any = None  # vLLM's Responses handler, built on first use
         self._parser = parser
@@ -205,8 +209,12 @@ class VllmEngine:
     ) -> AsyncIterator[ReplyPart]:
         """A request of `api` ("chat", "completion", "responses", "messages" or "embeddings"):
         see `replies.serve`; under priority scheduling, once the gate gives it a slot per
-        sequence it runs."""
-        return self.gated(api, body, replies.serve(self._api(api, body), body, batched=batched))
+        sequence it runs. A registered adapter it names is loaded first, unless held."""
+        path = body.pop(ADAPTER_PATH, None)
+        parts = replies.serve(self._api(api, body), body, batched=batched)
+        if path is not None:
+            parts = self._runtime_adapters.loaded_first(body["model"], path, parts)
+        return self.gated(api, body, parts)
 
     def gated(
         self, api: str, body: dict[str, Any], parts: AsyncIterator[ReplyPart]
@@ -228,6 +236,9 @@ class VllmEngine:
         """The prompt's tokens as the serving layer renders them for generation (the longest
         prompt of a completion request), nothing generated: raises the `GenerationError`
         generation would, a prompt beyond the context included."""
+        path = body.pop(ADAPTER_PATH, None)
+        if path is not None:
+            await self._runtime_adapters.load(body["model"], path)
         return await replies.prompt_tokens(self._api(api, body), body)
 
     def _api(self, api: str, body: dict[str, Any]) -> ServedApi:
@@ -239,7 +250,7 @@ class VllmEngine:
         if self._responses is None:
             self._responses = build_serving(
                 self._engine,
-                self.name,
+                self._models,
                 self._parser,
                 self._tool_strict_level,
                 self.reasoning_parser,
@@ -256,6 +267,7 @@ class VllmEngine:
             self.gate is not None,
             self.embedding,
             self.adapters,
+            self.lora,
         )
 
     async def check_health(self) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from vllm.entrypoints.openai.models.protocol import BaseModelPath
 from vllm.entrypoints.openai.models.serving import OpenAIServingModels
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
 from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
@@ -42,18 +41,15 @@ _ECHOED = ("store", "previous_response_id")
 
 def build_serving(
     engine: AsyncLLM,
-    served_name: str,
+    models: OpenAIServingModels,
     tool_call_parser: str | None,
     tool_strict_level: str,
     reasoning_parser: str | None,
 ) -> OpenAIServingResponses:
-    """vLLM's Responses handler on the replica's engine, its store off; with the type's
-    reasoning parser, a reply's reasoning is a reasoning item."""
+    """vLLM's Responses handler on the replica's engine, its store off, with the serving
+    layer's `models` (the adapters it holds); with the type's reasoning parser, a reply's
+    reasoning is a reasoning item."""
     client = CountingEngineClient(engine)
-    models = OpenAIServingModels(
-        engine_client=client,
-        base_model_paths=[BaseModelPath(name=served_name, model_path=engine.model_config.model)],
-    )
     renderer = OnlineRenderer(
         model_config=engine.model_config,
         renderer=engine.renderer,

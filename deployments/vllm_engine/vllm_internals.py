@@ -3,8 +3,8 @@
 vLLM has no public hook for what the adapter mends or measures: forced calls that skip the
 structural tag (`forced_tool_calls`), rewindable seeded sampling on CPU (`seeded_sampling`),
 JSON-schema strings held to JSON (`strict_json`), a prompt's length as the serving layer
-renders it (an embedding request's inputs too: `embeddings`), and the Responses handler built
-on the replica's own engine (`responses`). Those
+renders it (an embedding request's inputs too: `embeddings`), adapters loaded at run time
+(`adapters`), and the Responses handler built on the replica's own engine (`responses`). Those
 modules do the work; this one names every private surface they touch. Each replica calls
 `check()` before it builds its engine: a vLLM whose internals moved fails there, naming what
 moved and which module needs it, instead of mid-request or, for a patch, silently unapplied.
@@ -170,6 +170,17 @@ READ = (
         "LoRAModulePath",
         "engine: a type's adapters, as `vllm serve --lora-modules` names them",
         ("name", "path"),
+    ),
+    Surface(
+        "vllm.entrypoints.openai.models.serving",
+        "OpenAIServingModels.lora_requests",
+        "adapters: the serving layer finds an adapter loaded at run time there, by name",
+    ),
+    Surface(
+        "vllm.lora.request",
+        "LoRARequest",
+        "adapters: an adapter loaded at run time, under an id of its own",
+        ("lora_name", "lora_int_id", "lora_path"),
     ),
     Surface(
         "vllm.entrypoints.launchers.api_server.app_state",

@@ -39,6 +39,7 @@ SERIES_LABELS = (
     "limit",
     "plan",
     "decision",
+    "adapter",
 )
 
 

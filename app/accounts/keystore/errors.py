@@ -50,3 +50,13 @@ class StoreUnavailable(KeyStoreError):
 
     status = 503
     code = "key_store_unavailable"
+
+
+class AdapterNotFound(KeyStoreError):
+    status = 404
+    code = "adapter_not_found"
+
+
+class AdapterExists(KeyStoreError):
+    status = 409
+    code = "adapter_exists"

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from app.accounts.keystore import passwords
+from deployments.wire import ADAPTER_NAME
 
 DEFAULT_PLAN = "free"
 MAX_PAGE = 1000
@@ -290,3 +291,38 @@ class UsageTotals(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+
+
+class AdapterCreate(BaseModel):
+    """A LoRA adapter to register on a model type (which must take adapters: enable_lora)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="The model type it adapts.", examples=["ServiceAi-Coder"])
+    name: str = Field(
+        pattern=ADAPTER_NAME,
+        description="Its own name: clients call it as `model:name`.",
+        examples=["acme-sql"],
+    )
+    path: Annotated[
+        str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4096)
+    ] = Field(
+        description="Where each replica loads it from: a folder in PEFT's format that "
+        "every GPU node can read, or a Hugging Face id.",
+    )
+
+
+class Adapter(BaseModel):
+    """A registered LoRA adapter."""
+
+    object: Literal["lora_adapter"] = "lora_adapter"
+    id: str = Field(description="What clients call it: `model:name`.")
+    model: str
+    name: str
+    path: str
+    created_at: int = Field(description="When it was registered, in Unix seconds.")
+
+
+class AdapterList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Adapter]

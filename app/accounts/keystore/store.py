@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 
 from app.accounts.keystore import audit
+from app.accounts.keystore.adapter_records import AdapterRecords
 from app.accounts.keystore.database import Database
 from app.accounts.keystore.key_records import KeyOwner, KeyRecords
 from app.accounts.keystore.schemas import AuditPage
@@ -20,7 +21,7 @@ from app.accounts.keystore.user_records import UserRecords
 __all__ = ["KeyOwner", "KeyStore"]
 
 
-class KeyStore(UserRecords, KeyRecords, UsageRecords):
+class KeyStore(UserRecords, KeyRecords, UsageRecords, AdapterRecords):
     def __init__(self, database: Database, *, max_keys_per_user: int = 50) -> None:
         self.database = database
         self.max_keys_per_user = max_keys_per_user

@@ -155,3 +155,15 @@ class AuditRow(Base):
     action: Mapped[str] = mapped_column(String(32))
     target: Mapped[str] = mapped_column(String(320))
     detail: Mapped[str | None] = mapped_column(Text())
+
+
+class AdapterRow(Base):
+    """A LoRA adapter an operator registered on a model type while the service runs; clients
+    call it as `model_type:name`, and a replica loads it from `path` the first time one does."""
+
+    __tablename__ = "lora_adapters"
+
+    model_type: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    path: Mapped[str] = mapped_column(Text())
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())

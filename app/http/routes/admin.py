@@ -16,6 +16,9 @@ from app.accounts.keystore import KeyStore
 from app.accounts.keystore.audit import LAST_ID, Actor
 from app.accounts.keystore.schemas import (
     MAX_PAGE,
+    Adapter,
+    AdapterCreate,
+    AdapterList,
     ApiKey,
     ApiKeyCreate,
     ApiKeyRotate,
@@ -33,6 +36,7 @@ from app.accounts.scopes import check_models
 from app.observability.metrics import authentication_failed
 from app.openai.errors import ApiError
 from app.openai.protocol import ErrorResponse
+from app.serving.adapters import check_registrable
 
 _admin_bearer = HTTPBearer(
     auto_error=False, scheme_name="AdminToken", description="The SERVICEAI_ADMIN_TOKEN."
@@ -196,3 +200,32 @@ async def get_audit_log(
 ) -> AuditPage:
     """Operator actions (console, CLI, admin API), newest first."""
     return await _store(request).audit_log(limit=limit, before=before)
+
+
+@router.post("/adapters", status_code=201, response_model=Adapter)
+async def register_adapter(body: AdapterCreate, request: Request) -> Adapter:
+    """Register a LoRA adapter on a model type whose engine takes adapters: clients call it as
+    `model:name` at once on this ingress replica, on every other within the key cache TTL; each
+    model replica loads it from `path` the first time a request names it."""
+    await check_registrable(request.app.state.models, body.model, body.name)
+    adapter = await _store(request).register_adapter(body.model, body.name, body.path, actor=ADMIN)
+    request.app.state.adapters.forget()
+    return adapter
+
+
+@router.get("/adapters", response_model=AdapterList)
+async def list_adapters(
+    request: Request, model: str | None = Query(None, description="Only this model type's.")
+) -> AdapterList:
+    """The registered LoRA adapters (those in the config are listed by /v1/models)."""
+    return AdapterList(data=await _store(request).adapters(model))
+
+
+@router.delete("/adapters/{adapter_id}", response_model=Adapter)
+async def remove_adapter(adapter_id: str, request: Request) -> Adapter:
+    """Unregister an adapter (`model:name`): a 404 for its callers at once on this ingress
+    replica, on every other within the key cache TTL."""
+    model_type, _, name = adapter_id.partition(":")
+    adapter = await _store(request).remove_adapter(model_type, name, actor=ADMIN)
+    request.app.state.adapters.forget()
+    return adapter

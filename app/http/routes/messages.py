@@ -12,14 +12,10 @@ from fastapi.responses import Response
 
 from app.accounts.auth import Caller, authenticate
 from app.anthropic.messages import CountTokensRequest, MessagesRequest
+from app.serving.adapters import adapter_path
 from app.serving.messages_call import MessagesCall
-from app.serving.pipeline import (
-    adapter_named,
-    check_adapter,
-    check_allowed,
-    check_api_served,
-    serve,
-)
+from app.serving.pipeline import adapter_named, check_allowed, check_api_served, serve
+from deployments.wire import ADAPTER_PATH
 
 router = APIRouter(tags=["messages"])
 
@@ -53,9 +49,11 @@ async def count_tokens(
     call = MessagesCall(body)
     call.check_fields()
     model = await endpoint.info()
-    check_adapter(adapter, model.name, model.adapters)
+    registered_path = await adapter_path(request.app.state.adapters, adapter, model)
     check_api_served(call.api, model)
     call.check_against_model(model)
     await request.app.state.limits.refuse(caller, endpoint.name)
     payload = {**call.payload(), "model": adapter or endpoint.name}
+    if registered_path is not None:
+        payload[ADAPTER_PATH] = registered_path
     return {"input_tokens": await endpoint.prompt_tokens("messages", payload)}

@@ -7,8 +7,9 @@ from fastapi import APIRouter, Depends, Request
 
 from app.accounts.auth import Caller, authenticate
 from app.openai.protocol import ErrorResponse, ModelCard, ModelList
+from app.serving.adapters import adapters_of, check_adapter
 from app.serving.dispatch import ModelEndpoints
-from app.serving.pipeline import adapter_named, check_adapter, check_allowed
+from app.serving.pipeline import adapter_named, check_allowed
 
 router = APIRouter()
 
@@ -19,7 +20,7 @@ async def list_models(request: Request, caller: Caller = Depends(authenticate)) 
     models: ModelEndpoints = request.app.state.models
     cards = []
     for name in models.names:
-        for model in [name, *await models.adapters(name)]:
+        for model in [name, *await adapters_of(models, request.app.state.adapters, name)]:
             if caller.may_call(model):
                 cards.append(await _card(models, name, model))
     return ModelList(data=cards)
@@ -37,7 +38,8 @@ async def retrieve_model(
     name = models.get(model_id).name
     adapter = adapter_named(model_id, name)
     if adapter is not None:
-        check_adapter(adapter, name, await models.adapters(name))
+        held = await adapters_of(models, request.app.state.adapters, name)
+        check_adapter(adapter, name, tuple(held))
     check_allowed(caller, adapter or name)
     return await _card(models, name, adapter or name)
 

@@ -7,7 +7,8 @@ import pytest
 from app.accounts.keystore.schemas import KeyScopes
 from app.accounts.scopes import check_models, covers, widened
 from app.openai.errors import ApiError
-from app.serving.pipeline import adapter_named, check_adapter
+from app.serving.adapters import check_adapter
+from app.serving.pipeline import adapter_named
 
 
 def test_a_types_scope_covers_its_adapters_an_adapters_scope_that_adapter_alone():
@@ -35,7 +36,6 @@ def test_a_model_names_an_adapter_of_the_type_it_resolved_to():
     assert adapter_named("T", "T") is None
     assert adapter_named("claude-x:y", "T") is None  # an alias that resolved elsewhere
     check_adapter("T:acme", "T", ("T:acme",))
-    check_adapter(None, "T", ())
     with pytest.raises(ApiError) as unknown:
         check_adapter("T:gamma", "T", ("T:acme", "T:beta"))
     assert (unknown.value.status, unknown.value.code) == (404, "model_not_found")

@@ -1,4 +1,4 @@
-"""`serviceai users ...` and `serviceai keys ...` against a real store (SQLite and PostgreSQL);
+"""`serviceai users ...`, `serviceai keys ...` and `serviceai adapters ...` against a real store (SQLite and PostgreSQL);
 `serviceai run` refusing a port it cannot use."""
 
 import asyncio
@@ -399,3 +399,15 @@ def test_a_users_monthly_budget_from_the_cli_and_in_the_usage_report(serviceai):
     )
     code, _, err = serviceai("users", "set-budget", "ada@example.com")
     assert code == EXIT_USAGE and "--none" in err
+
+
+def test_adapters_are_registered_listed_and_removed(serviceai):
+    code, out, err = serviceai("adapters", "add", "T", "beta", "/models/beta")
+    assert code == 0, err
+    assert "Registered T:beta (/models/beta)" in out
+    assert serviceai("adapters", "add", "T", "beta", "/x")[0] == EXIT_REFUSED
+    assert serviceai("adapters", "add", "T", "no way", "/x")[0] == EXIT_USAGE
+    listed = json_of(serviceai("adapters", "list", "--json"))
+    assert [(a["id"], a["path"]) for a in listed["data"]] == [("T:beta", "/models/beta")]
+    assert serviceai("adapters", "remove", "T:beta")[0] == 0
+    assert serviceai("adapters", "remove", "T:beta")[0] == EXIT_REFUSED

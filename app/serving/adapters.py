@@ -1,0 +1,151 @@
+"""LoRA adapters as clients call them (`Type:adapter`): those a type's config holds, which its
+replicas load at start, and those operators register while the service runs (the CLI, the
+admin API), which a replica loads from their path the first time a request names one.
+
+Each ingress replica reads the registered ones from the store at most every `ttl_s`, as it
+trusts a verified key (a registration or a removal reaches every replica within that time; the
+admin API's own replica at once), and keeps its last reading while the store is away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+
+from app.accounts.keystore import KeyStore
+from app.accounts.keystore.errors import StoreUnavailable
+from app.openai.errors import ApiError
+from app.serving.dispatch import ModelEndpoints
+from deployments.ray_internals import running_replicas
+from deployments.wire import ModelInfo
+
+logger = logging.getLogger("ray.serve")
+
+
+class RegisteredAdapters:
+    """The store's registered adapters, `Type:name` -> path per model type, read at most
+    every `ttl_s`."""
+
+    def __init__(
+        self,
+        store: KeyStore,
+        ttl_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._read_at = -math.inf
+        self._paths: dict[str, dict[str, str]] | None = None
+        self._reading = asyncio.Lock()
+
+    async def paths(self, model_type: str) -> dict[str, str]:
+        """A type's registered adapters: the path of each by the name clients call it."""
+        if self._clock() - self._read_at >= self._ttl_s:
+            async with self._reading:
+                if self._clock() - self._read_at >= self._ttl_s:
+                    await self._read()
+        return (self._paths or {}).get(model_type, {})
+
+    async def _read(self) -> None:
+        try:
+            adapters = await self._store.adapters()
+        except StoreUnavailable:
+            if self._paths is None:
+                raise
+            logger.warning("Registered adapters: the store is away; the last reading stays")
+            return
+        paths: dict[str, dict[str, str]] = {}
+        for adapter in adapters:
+            paths.setdefault(adapter.model, {})[adapter.id] = adapter.path
+        self._paths = paths
+        self._read_at = self._clock()
+
+    def forget(self) -> None:
+        """Read the store again on the next request (after this replica changed it)."""
+        self._read_at = -math.inf
+
+
+async def adapter_path(
+    registered: RegisteredAdapters, adapter: str | None, model: ModelInfo
+) -> str | None:
+    """The path a replica loads `adapter` from: None for no adapter or one the type's config
+    holds (its replicas hold it from the start), a registered one's path; a 404 naming the
+    type's adapters for any other."""
+    if adapter is None or adapter in model.adapters:
+        return None
+    paths = await registered.paths(model.name)
+    check_adapter(adapter, model.name, (*model.adapters, *paths))
+    if not model.lora:
+        raise ApiError(
+            503,
+            f"{adapter} is registered, but {model.name}'s engine takes no LoRA adapters "
+            "(its config sets no `adapters` and no engine_args.enable_lora). Tell the operator.",
+            param="model",
+            code="model_unavailable",
+        )
+    return paths[adapter]
+
+
+def check_adapter(adapter: str, model_type: str, held: tuple[str, ...]) -> None:
+    """An adapter the type does not hold (`held`: configured and registered) is a model that
+    does not exist: 404."""
+    if adapter not in held:
+        raise ApiError(
+            404,
+            f"The model '{adapter[:100]}' does not exist: {model_type} has no adapter of that "
+            f"name. Its adapters: {', '.join(held) or 'none'}.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+async def adapters_of(
+    models: ModelEndpoints, registered: RegisteredAdapters, model_type: str
+) -> list[str]:
+    """A type's adapters as /v1/models lists them: its config's, then the registered ones."""
+    held = list(await models.adapters(model_type))
+    try:
+        paths = await registered.paths(model_type)
+    except StoreUnavailable:
+        return held  # the list stays whole for the types and their configured adapters
+    return held + [name for name in paths if name not in held]
+
+
+async def check_registrable(models: ModelEndpoints, model_type: str, name: str) -> None:
+    """A 400 where `model_type` is not a type's own name or, as its running replicas say,
+    serves no LoRA adapters; a 409 where its config holds an adapter of that name. A type with
+    no replica now (one that scales to zero) is taken at its word: a replica that cannot load
+    the adapter answers its requests with a 503 saying so."""
+    if model_type not in models.names:
+        raise ApiError(
+            400,
+            f"There is no model type '{model_type[:64]}'. Model types: {', '.join(models.names)}.",
+            param="model",
+            code="model_not_found",
+        )
+    if not running_replicas(models.get(model_type).handle):
+        return
+    model = await models.get(model_type).info()
+    if model.embedding or not model.lora:
+        raise ApiError(
+            400,
+            f"{model_type} takes no LoRA adapters: "
+            + (
+                "an embedding type generates nothing."
+                if model.embedding
+                else "set its engine_args.enable_lora (and max_lora_rank) in the config."
+            ),
+            param="model",
+            code="model_not_supported",
+        )
+    if f"{model_type}:{name}" in model.adapters:
+        raise ApiError(
+            409,
+            f"{model_type}'s config holds an adapter named '{name}' already.",
+            param="name",
+            code="adapter_exists",
+        )
