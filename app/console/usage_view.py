@@ -87,13 +87,17 @@ def model_chart(
     model: str,
     model_types: Sequence[str],
 ) -> BarChart:
-    """One model type's tokens per day (the user's plan page draws one per type)."""
+    """One model type's tokens per day (the user's plan page draws one per type), its LoRA
+    adapters' (`Type:adapter`) stacked on the base model's: they share its plan windows."""
     days = [start + timedelta(days=n) for n in range((end - start).days + 1)]
-    tokens = {row.day: row.total_tokens for row in rows if row.model == model}
+    tokens: dict[str, dict[date, int]] = {model: {}}
+    for row in rows:
+        if row.model.partition(":")[0] == model:
+            tokens.setdefault(row.model, {})[row.day] = row.total_tokens
     return stacked_bars(
         f"{model}: tokens per day, last {len(days)} days (UTC)",
         days,
-        {model: tokens},
+        tokens,
         "tokens",
         colours=model_types,
     )

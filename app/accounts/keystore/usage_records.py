@@ -176,11 +176,13 @@ class UsageRecords:
 
     async def usage_today(self, user: str) -> dict[str, UsageTotals]:
         """A user's usage today (UTC) per model type, all their keys together, as written so
-        far (replicas write every SERVICEAI_USAGE_FLUSH_S). Types unused today are absent."""
+        far (replicas write every SERVICEAI_USAGE_FLUSH_S), a type's LoRA adapters (recorded
+        as `Type:adapter`) within it, as its plan windows count them. Types unused today are
+        absent."""
         day = today()
         totals: dict[str, UsageTotals] = {}
         for record in (await self.usage(user=user, start=day, end=day)).data:
-            total = totals.setdefault(record.model, UsageTotals())
+            total = totals.setdefault(record.model.partition(":")[0], UsageTotals())
             total.requests += record.requests
             total.prompt_tokens += record.prompt_tokens
             total.completion_tokens += record.completion_tokens

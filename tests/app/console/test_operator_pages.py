@@ -290,9 +290,11 @@ async def test_a_users_plan_page_draws_their_last_30_days_per_model_type(browser
     theirs = await store.create_key(other.id, "theirs")
     await used(store, mine.id, "ServiceAi-Coder", 4, 50, days_ago=29)
     await used(store, theirs.id, "ServiceAi-Coder", 7, 70, days_ago=1)
+    await used(store, mine.id, "ServiceAi-Coder:acme", 1, 30, days_ago=29)  # a LoRA adapter's
     page = (await browser.get("/plan")).text
     assert page.count('<div class="model-chart"') == 3
     start = (today() - timedelta(days=29)).isoformat()
     assert f"<title>{start} ServiceAi-Coder: 100 tokens</title>" in page
+    assert f"<title>{start} ServiceAi-Coder:acme: 60 tokens</title>" in page
     assert "140 tokens" not in page
     assert "Operator</a>" not in page

@@ -71,13 +71,14 @@ async def test_the_default_range_is_the_last_30_days_and_bad_ranges_are_refused(
         await store.usage(user="nobody@example.com")
 
 
-async def test_usage_today_sums_a_users_keys_per_model_type(store, keys):
+async def test_usage_today_sums_a_users_keys_per_model_type_its_adapters_within(store, keys):
     ada, ada_key, _ = keys
     second_key = (await store.create_key(ada)).id
     await store.record_usage(
         {
             UsageKey(ada_key, "ServiceAi-Pro", today()): UsageCount(1, 10, 5),
-            UsageKey(second_key, "ServiceAi-Pro", today()): UsageCount(2, 20, 10),
+            UsageKey(second_key, "ServiceAi-Pro", today()): UsageCount(1, 10, 5),
+            UsageKey(second_key, "ServiceAi-Pro:acme", today()): UsageCount(1, 10, 5),
             UsageKey(ada_key, "ServiceAi-Pro", today() - timedelta(days=1)): UsageCount(9, 9, 9),
         }
     )
