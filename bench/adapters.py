@@ -17,37 +17,28 @@ import argparse
 import asyncio
 import fcntl
 import json
-import os
 import statistics
-import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from bench.run import RESULTS, STACK_LOCK
 from bench.servers import (
     BENCH_LIMITS,
     BENCH_TYPE,
-    BIN,
     PROJECT_ROOT,
-    SERVE_CONFIG,
     Server,
-    _descendants,
-    _serve_run,
-    _stop,
-    _wait_for_chat,
     bench_model_type,
-    cluster_env,
     engine_cli_args,
     free_port,
-    provision_key,
+    local_service,
     stop_servers_on_sigterm,
+    vllm_command,
+    vllm_server,
 )
 from deployments.model_type import ModelTypeConfig, tiny_model_dir
 from deployments.tiny_model import ensure
@@ -93,58 +84,26 @@ def model_type(adapters: dict[str, str]) -> dict[str, Any]:
     }
 
 
-@contextmanager
-def bare_vllm(config: ModelTypeConfig, log_dir: Path) -> Iterator[Server]:
+def bare_vllm(config: ModelTypeConfig, log_dir: Path) -> AbstractContextManager[Server]:
     """`vllm serve` of the tiny model with the type's adapters under the service's names."""
     model = str(ensure(tiny_model_dir()))
     kwargs = config.engine_kwargs(model)
     port = free_port()
     modules = [f"{name}={path}" for name, path in config.adapter_paths().items()]
-    command = [
-        str(BIN / "python"),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
-        "--served-model-name",
-        BENCH_TYPE,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--disable-uvicorn-access-log",
+    flags = [
         "--enable-lora",
         "--lora-modules",
         *modules,
         *engine_cli_args({k: v for k, v in kwargs.items() if k not in ENGINE_SET_BY_NAME}),
     ]
-    log = log_dir / "bare-vllm-lora.log"
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
-    server = Server("bare vLLM", f"http://127.0.0.1:{port}", "unused", BENCH_TYPE, pid=process.pid)
-    try:
-        _wait_for_chat(server, process, log, 600)
-        yield server
-    finally:
-        _stop(process, _descendants(process.pid))
+    return vllm_server(
+        vllm_command(model, BENCH_TYPE, port, flags), port, log_dir / "bare-lora.log"
+    )
 
 
-@contextmanager
-def serviceai(entry: dict[str, Any], log_dir: Path) -> Iterator[Server]:
+def serviceai(entry: dict[str, Any], log_dir: Path) -> AbstractContextManager[Server]:
     """The service as `make run` starts it, with the adapted type alone."""
-    config = yaml.safe_load(SERVE_CONFIG.read_text())
-    port = free_port()
-    config["http_options"]["port"] = port
-    [app] = config["applications"]
-    app["args"]["model_types"] = [entry]
-    app["args"]["plans"] = {"free": {BENCH_TYPE: BENCH_LIMITS}}
-    ray_tmp = Path(tempfile.mkdtemp(prefix="saia-", dir="/tmp"))
-    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **cluster_env(ray_tmp / "h", free_port)}
-    env["SERVICEAI_DATABASE_URL"] = f"sqlite+aiosqlite:///{ray_tmp / 'keys.db'}"
-    key = provision_key(env["SERVICEAI_DATABASE_URL"], "bench@serviceai.local")
-    server = Server("ServiceAi", f"http://127.0.0.1:{port}", key, BENCH_TYPE, ray_tmp)
-    with _serve_run(server, config, env, log_dir / "serviceai-lora.log", 600):
-        yield server
+    return local_service(entry, BENCH_LIMITS, log_dir / "serviceai-lora.log")
 
 
 def models_of(spread: int, names: list[str]) -> list[str]:

@@ -16,14 +16,11 @@ import argparse
 import asyncio
 import fcntl
 import json
-import os
 import random
 import statistics
-import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +31,15 @@ from bench.priority import percentiles
 from bench.run import RESULTS, STACK_LOCK
 from bench.servers import (
     BENCH_LIMITS,
-    BIN,
     PROJECT_ROOT,
     SERVE_CONFIG,
     Server,
-    _descendants,
-    _serve_run,
-    _stop,
-    _wait_for_chat,
-    cluster_env,
     engine_cli_args,
     free_port,
-    provision_key,
+    local_service,
     stop_servers_on_sigterm,
+    vllm_command,
+    vllm_server,
 )
 from deployments.model_type import ModelTypeConfig, generated_model
 
@@ -72,56 +65,21 @@ def texts(count: int, seed: int) -> list[str]:
     return [f"{i} " + " ".join(rng.choices(WORDS, k=12)) for i in range(count)]
 
 
-@contextmanager
-def bare_vllm(model: str, engine_args: dict[str, Any], log_dir: Path) -> Iterator[Server]:
+def bare_vllm(
+    model: str, engine_args: dict[str, Any], log_dir: Path
+) -> AbstractContextManager[Server]:
     """`vllm serve` of the embedding model with vLLM's pooling runner."""
     port = free_port()
-    command = [
-        str(BIN / "python"),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
-        "--runner",
-        "pooling",
-        "--served-model-name",
-        EMBED,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--disable-uvicorn-access-log",
-        *engine_cli_args(engine_args),
-    ]
-    log = log_dir / "bare-vllm-embed.log"
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
-    server = Server(
-        "bare vLLM", f"http://127.0.0.1:{port}", "unused", EMBED, pid=process.pid, embeddings=True
-    )
-    try:
-        _wait_for_chat(server, process, log, 600)
-        yield server
-    finally:
-        _stop(process, _descendants(process.pid))
+    flags = ["--runner", "pooling", *engine_cli_args(engine_args)]
+    command = vllm_command(model, EMBED, port, flags)
+    return vllm_server(command, port, log_dir / "bare-vllm-embed.log", embeddings=True)
 
 
-@contextmanager
-def serviceai(log_dir: Path) -> Iterator[Server]:
+def serviceai(log_dir: Path) -> AbstractContextManager[Server]:
     """The service as `make run` starts it, with the embedding type alone."""
-    config = yaml.safe_load(SERVE_CONFIG.read_text())
-    port = free_port()
-    config["http_options"]["port"] = port
-    [app] = config["applications"]
-    app["args"]["model_types"] = [{**embed_type(), "model_env": None}]
-    app["args"]["plans"] = {"free": {EMBED: {**BENCH_LIMITS, "input_tokens_per_request": 10**6}}}
-    ray_tmp = Path(tempfile.mkdtemp(prefix="saie-", dir="/tmp"))
-    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **cluster_env(ray_tmp / "h", free_port)}
-    env["SERVICEAI_DATABASE_URL"] = f"sqlite+aiosqlite:///{ray_tmp / 'keys.db'}"
-    key = provision_key(env["SERVICEAI_DATABASE_URL"], "bench@serviceai.local")
-    server = Server("ServiceAi", f"http://127.0.0.1:{port}", key, EMBED, ray_tmp, embeddings=True)
-    with _serve_run(server, config, env, log_dir / "serviceai-embed.log", 600):
-        yield server
+    plan = {**BENCH_LIMITS, "input_tokens_per_request": 10**6}
+    entry = {**embed_type(), "model_env": None}
+    return local_service(entry, plan, log_dir / "serviceai-embed.log", embeddings=True)
 
 
 async def load(server: Server, concurrency: int, requests: int, inputs: int, seed: int) -> dict:

@@ -139,20 +139,25 @@ def service_config(
 
 def bare_command(target: BenchTarget, port: int) -> list[str]:
     """vLLM's own OpenAI server on the target, under the name the service gives the model."""
+    return vllm_command(target.model_path(), BENCH_TYPE, port, engine_cli_args(target.engine_args))
+
+
+def vllm_command(model: str, served_name: str, port: int, flags: list[str]) -> list[str]:
+    """`vllm serve` of `model` as `served_name` on `port`, with `flags` besides."""
     return [
         str(BIN / "python"),
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        target.model_path(),
+        model,
         "--served-model-name",
-        BENCH_TYPE,
+        served_name,
         "--host",
         "127.0.0.1",
         "--port",
         str(port),
         "--disable-uvicorn-access-log",
-        *engine_cli_args(target.engine_args),
+        *flags,
     ]
 
 
@@ -264,17 +269,59 @@ def _descendants(pid: int) -> list[psutil.Process]:
 @contextmanager
 def bare_vllm(target: BenchTarget, port: int, log_dir: Path) -> Iterator[Server]:
     """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`)."""
-    log = log_dir / "bare-vllm.log"
+    command = bare_command(target, port)
+    with vllm_server(command, port, log_dir / "bare-vllm.log", target.start_timeout_s) as server:
+        yield server
+
+
+@contextmanager
+def vllm_server(
+    command: list[str], port: int, log: Path, timeout_s: float = 600, embeddings: bool = False
+) -> Iterator[Server]:
+    """`command` (a `vllm_command`) running, until the block ends; ready once it answers."""
+    served_name = command[command.index("--served-model-name") + 1]
     with open(log, "w") as out:
-        process = subprocess.Popen(
-            bare_command(target, port), stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT
-        )
-    server = Server("bare vLLM", f"http://127.0.0.1:{port}", "unused", BENCH_TYPE, pid=process.pid)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
+    server = Server(
+        "bare vLLM",
+        f"http://127.0.0.1:{port}",
+        "unused",
+        served_name,
+        pid=process.pid,
+        embeddings=embeddings,
+    )
     try:
-        _wait_for_chat(server, process, log, target.start_timeout_s)
+        _wait_for_chat(server, process, log, timeout_s)
         yield server
     finally:
         _stop(process, _descendants(process.pid))
+
+
+@contextmanager
+def local_service(
+    model_type: dict[str, Any], plan: dict[str, Any], log: Path, embeddings: bool = False
+) -> Iterator[Server]:
+    """The service as `make run` starts it (the local profile), with `model_type` alone and
+    one plan that gives it `plan`'s limits; a fresh key store and one key."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    port = free_port()
+    config["http_options"]["port"] = port
+    [app] = config["applications"]
+    app["args"]["model_types"] = [model_type]
+    app["args"]["plans"] = {"free": {model_type["name"]: plan}}
+    ray_tmp = Path(tempfile.mkdtemp(prefix="sail-", dir="/tmp"))
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **cluster_env(ray_tmp / "h", free_port)}
+    key = _provision_key(env, ray_tmp)
+    server = Server(
+        "ServiceAi",
+        f"http://127.0.0.1:{port}",
+        key,
+        model_type["name"],
+        ray_tmp,
+        embeddings=embeddings,
+    )
+    with _serve_run(server, config, env, log, 600):
+        yield server
 
 
 @contextmanager
