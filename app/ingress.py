@@ -111,6 +111,7 @@ class Ingress:
             api_docs=settings.api_docs,
             response_store=self._responses,
             adapters=RegisteredAdapters(self._keys.store, ttl_s=settings.key_cache_ttl_s),
+            migration_attempts=settings.migration_attempts,
         )
         mount_console(api, settings)
         return api

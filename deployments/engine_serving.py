@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from deployments.feed_hub import FeedHub, FeedItem
-from deployments.wire import EngineUnavailable, GenerationError, ReplyPart
+from deployments.wire import EngineFailed, GenerationError, ReplyPart
 
 
 class EngineServing:
@@ -49,6 +49,7 @@ class EngineServing:
                 async for part in parts:
                     feed.put(key, part)
             except GenerationError as error:
+                error.replica = error.replica or self._replica  # the ingress retries elsewhere
                 feed.put(key, error)
         finally:
             feed.members.discard(key)
@@ -66,4 +67,4 @@ class EngineServing:
             yield part
             if part.last:
                 return
-        raise EngineUnavailable("The model engine ended the request without a reply.")
+        raise EngineFailed("The model engine ended the request without a reply.")

@@ -25,7 +25,8 @@ What a replica holds ages out as vLLM's cache evicts: least recently used first,
 cache's size that the replica reports (`record_routing_stats`), the tail of a prompt before
 its head. Replicas that leave (scale-down, a lost node) take their entries with them.
 
-Stream feeds (deployments.feed_hub) are pinned to the replica they name.
+Stream feeds (deployments.feed_hub) are pinned to the replica they name; a request that a
+replica failed passes it over when it is tried again (deployments.wire.AVOID).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from typing import Any
 import orjson
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 from ray.util.metrics import Counter
+
+from deployments.wire import AVOID
 
 FEED_TARGET = "feed_for"
 """The keyword of a feed call that names the replica it must reach."""
@@ -79,6 +82,18 @@ def rendered(api: str, body: dict[str, Any]) -> tuple[Any, Any]:
     if api == "messages":
         return [body.get("system"), body.get("tools")], body.get("messages")
     return None, body.get("prompt")
+
+
+def passed_over(
+    replicas: list[RunningReplica], avoid: tuple[str, ...] | None
+) -> list[RunningReplica]:
+    """`replicas` without those `avoid` names (a replica's id, or one of its serving
+    processes', `id/index`): they failed this request before. All of them where no other is
+    left: a replica that recovered beats none."""
+    if not avoid:
+        return replicas
+    failed = {name.partition("/")[0] for name in avoid}
+    return [r for r in replicas if r.replica_id.unique_id not in failed] or replicas
 
 
 def adapter_of(body: dict[str, Any]) -> bytes:
@@ -256,6 +271,7 @@ class ServiceRouter(RequestRouter):
         if target is not None:
             chosen = [r for r in candidate_replicas if r.replica_id.unique_id == target]
             return [chosen] if chosen else []
+        candidate_replicas = passed_over(candidate_replicas, pending_request.kwargs.get(AVOID))
         routing = self._routing(pending_request)
         if routing is None:
             return [two_choices(candidate_replicas)]

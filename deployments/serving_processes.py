@@ -36,7 +36,7 @@ from ray.util.scheduling_strategies import (
 )
 
 from deployments.feed_hub import FeedHub
-from deployments.wire import SERVING_PROCESS_NAMESPACE, EngineUnavailable, ReplyPart, feed_name
+from deployments.wire import SERVING_PROCESS_NAMESPACE, EngineFailed, ReplyPart, feed_name
 
 logger = logging.getLogger("ray.serve")
 
@@ -193,7 +193,7 @@ class ServingProcesses:
             done = True
             self._dead.add(index)
             logger.error("Serving process %d of this replica died", index)
-            raise EngineUnavailable(PROCESS_FAILED) from None
+            raise EngineFailed(PROCESS_FAILED) from None
         finally:
             self._load[index] -= 1
             if not done:  # cancelled (the client left): the process aborts the request

@@ -41,6 +41,10 @@ class ReplyPart(NamedTuple):
 ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 """A LoRA adapter's own name: clients call it as `Type:name` (configured or registered)."""
 
+AVOID = "avoid"
+"""The keyword of a model replica's `stream` and `reply` calls naming replicas (their ids) the
+request router passes over, where it has others: those that failed this request before."""
+
 ADAPTER_PATH = "serviceai_adapter_path"
 """The body field in which the ingress sends a registered adapter's path with a request that
 names it: the replica loads it from there first, unless it holds it already, and takes the
@@ -97,6 +101,7 @@ class GenerationError(Exception):
         # made): the ingress charges it.
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.replica: str | None = None
 
     def __reduce__(self):
         # Instances may carry a status, param or code of their own: keep them across Ray.
@@ -119,3 +124,9 @@ class EngineUnavailable(GenerationError):
     status = 503
     type = "server_error"
     code = "model_unavailable"
+
+
+class EngineFailed(EngineUnavailable):
+    """The engine died, or failed or dropped a request, or the process serving it did: the
+    request may go on on another replica (app.serving.migration). `replica` names the one
+    that failed it (a Serve replica's id, or its serving process's `feed_name`)."""

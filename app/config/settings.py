@@ -60,6 +60,15 @@ class Settings(BaseSettings):
         "store; a revocation reaches every replica within this time. 0 disables the cache. "
         "The LoRA adapters registered in the store are read as often.",
     )
+    migration_attempts: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="How many other replicas a request may go on on after its replica or "
+        "engine failed it (app/serving/migration.py): a whole reply or a stream not yet begun "
+        "starts over, a chat or completion stream continues from where it was cut. 0: the "
+        "client gets the 503 instead.",
+    )
     key_cache_size: int = Field(
         100_000, ge=1, description="Verified keys each ingress replica keeps at most."
     )

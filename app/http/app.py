@@ -48,6 +48,7 @@ def create_api(
     api_docs: bool = True,
     response_store: ResponseStore | None = None,
     adapters: RegisteredAdapters | None = None,
+    migration_attempts: int = 2,
 ) -> FastAPI:
     """Build the HTTP API around a model router, a key verifier, the plans' rate limits and the
     usage meter; /admin only with a token, /docs and /openapi.json only with `api_docs`."""
@@ -64,6 +65,7 @@ def create_api(
     api.state.usage = usage
     api.state.responses = response_store or ResponseStore(keys.store.database)
     api.state.adapters = adapters or RegisteredAdapters(keys.store)
+    api.state.migration_attempts = migration_attempts
     install_error_handlers(api)
     api.add_exception_handler(KeyStoreError, _store_error)
     api.add_exception_handler(RequestValidationError, _refused_body)

@@ -116,6 +116,12 @@ class Meter:
         self.prompt_tokens = max(self.prompt_tokens, counted.prompt_tokens)
         self.completion_tokens = max(self.completion_tokens, counted.completion_tokens)
 
+    def reset(self, counted: Counted | None = None) -> None:
+        """The counts go back to `counted`'s (none: zero): what the client received of a
+        reply that goes on, or starts over, on another replica (app.serving.migration)."""
+        self.prompt_tokens = counted.prompt_tokens if counted else 0
+        self.completion_tokens = counted.completion_tokens if counted else 0
+
     def handed_to_stream(self) -> None:
         """The reply goes on as a stream, which charges the meter when it ends or closes."""
         self.streaming = True

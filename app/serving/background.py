@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from app.limits.ticket import Ticket
 from app.openai.errors import ApiError
+from app.serving import migration
 from app.serving.dispatch import ModelEndpoint
 
 if TYPE_CHECKING:
@@ -34,17 +35,32 @@ class Cancelled(Exception):
     """The client cancelled the background response."""
 
 
-def start(call: ResponsesCall, endpoint: ModelEndpoint, payload: dict, ticket: Ticket) -> None:
-    task = asyncio.create_task(_run(call, endpoint, payload, ticket))
+def start(
+    call: ResponsesCall,
+    endpoint: ModelEndpoint,
+    payload: dict,
+    ticket: Ticket,
+    attempts: migration.Attempts,
+) -> None:
+    """Generate the response after the request is answered: on another replica, started
+    over, where its own fails it (app.serving.migration)."""
+    task = asyncio.create_task(_run(call, endpoint, payload, ticket, attempts))
     _RUNNING.add(task)
     task.add_done_callback(_RUNNING.discard)
 
 
-async def _run(call: ResponsesCall, endpoint: ModelEndpoint, payload: dict, ticket: Ticket) -> None:
+async def _run(
+    call: ResponsesCall,
+    endpoint: ModelEndpoint,
+    payload: dict,
+    ticket: Ticket,
+    attempts: migration.Attempts,
+) -> None:
     try:
         await call.started()
         async with ticket.charging() as meter:
-            whole = await watched(call, endpoint.reply(call.api, payload, meter))
+            reply = migration.whole_reply(endpoint, call.api, payload, meter, attempts)
+            whole = await watched(call, reply)
             meter.charge()
         await call.whole(whole.data)
     except Cancelled:

@@ -31,7 +31,7 @@ from deployments.ray_internals import (
     scales_to_zero,
     when_assigned,
 )
-from deployments.wire import GenerationError, ModelInfo, ReplyPart
+from deployments.wire import AVOID, EngineFailed, GenerationError, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -64,17 +64,21 @@ class ModelEndpoint:
         self._waiting: set[DeploymentResponseBase] = set()
         self._refused: weakref.WeakSet[DeploymentResponseBase] = weakref.WeakSet()
 
-    async def open_stream(self, api: str, body: dict, meter: Meter) -> tuple[ReplyPart, PartStream]:
+    async def open_stream(
+        self, api: str, body: dict, meter: Meter, avoid: tuple[str, ...] = ()
+    ) -> tuple[ReplyPart, PartStream]:
         """Start a stream of `api` and wait for its first part, so that a refusal is still an
         HTTP status; its counts (or those its failure declares) go to `meter`. The rest of the
         stream comes on its own call, or on this ingress's feed from the replica
-        (app.serving.stream_feeds)."""
+        (app.serving.stream_feeds). `avoid`: replicas that failed it before, passed over where
+        there are others."""
         feeds = self._feeds
+        passing = {AVOID: avoid} if avoid else {}
         if feeds.enabled():
             key = feeds.next_key()
-            response = self._streaming.stream.remote(api, body, INGRESS_ID, key)
+            response = self._streaming.stream.remote(api, body, INGRESS_ID, key, **passing)
         else:
-            response = self._streaming.stream.remote(api, body)
+            response = self._streaming.stream.remote(api, body, **passing)
         self._track(response)
         try:
             first = await response.__anext__()
@@ -90,7 +94,9 @@ class ModelEndpoint:
             return first, feeds.opened(key, response, first)
         return first, response
 
-    async def reply(self, api: str, body: dict, meter: Meter) -> ReplyPart:
+    async def reply(
+        self, api: str, body: dict, meter: Meter, avoid: tuple[str, ...] = ()
+    ) -> ReplyPart:
         """The whole reply of a request of `api` without `stream`: its JSON body (joined from
         the parts that carry it) and the engine's token counts.
 
@@ -98,7 +104,8 @@ class ModelEndpoint:
         to `meter`, as do those a failure declares, so a call that fails or is cancelled (the
         client left) is charged what the engine processed.
         """
-        response = self._track(self._streaming.reply.remote(api, body))
+        passing = {AVOID: avoid} if avoid else {}
+        response = self._track(self._streaming.reply.remote(api, body, **passing))
         pieces: list[bytes] = []
         try:
             async for part in response:
@@ -169,8 +176,17 @@ class ModelEndpoint:
         return self.error(exc) if isinstance(exc, Exception) else exc
 
     def error(self, exc: BaseException) -> ApiError:
-        """The API error for a failed call to this model type."""
+        """The API error for a failed call to this model type: a `ReplicaLost` where the
+        replica, its engine or the way to it failed (another replica may serve the request)."""
         cause = getattr(exc, "cause", None) or exc
+        if isinstance(cause, EngineFailed):
+            return ReplicaLost(
+                cause.message, cause.replica, retry_after_s=RETRY_AFTER_UNAVAILABLE_S
+            )
+        if isinstance(cause, (RayActorError, ReplicaUnavailableError, FeedLost, EOFError)):
+            # The replica died (Serve's router drops it at once) or the stream broke.
+            lost = unavailable(self.name)
+            return ReplicaLost(lost.message, None, retry_after_s=RETRY_AFTER_UNAVAILABLE_S)
         if isinstance(cause, GenerationError):
             headers = (
                 {"Retry-After": str(RETRY_AFTER_UNAVAILABLE_S)} if cause.status == 503 else None
@@ -192,10 +208,7 @@ class ModelEndpoint:
                 code="model_overloaded",
                 headers={"Retry-After": str(RETRY_AFTER_OVERLOADED_S)},
             )
-        if isinstance(
-            cause,
-            (RayActorError, DeploymentUnavailableError, ReplicaUnavailableError, FeedLost),
-        ):
+        if isinstance(cause, DeploymentUnavailableError):
             return unavailable(self.name)
         logger.error("Call to %s failed: %r", self.name, cause)
         return ApiError(
@@ -204,6 +217,22 @@ class ModelEndpoint:
             type="server_error",
             code="internal_error",
         )
+
+
+class ReplicaLost(ApiError):
+    """A call that failed because its replica, its engine, or the stream from it did: a 503
+    to retry, unless the request goes on on another replica (app.serving.migration).
+    `replica` names the one that failed it, where known."""
+
+    def __init__(self, message: str, replica: str | None, *, retry_after_s: int) -> None:
+        super().__init__(
+            503,
+            message,
+            type="server_error",
+            code="model_unavailable",
+            headers={"Retry-After": str(retry_after_s)},
+        )
+        self.replica = replica
 
 
 def count_failure(exc: BaseException, meter: Meter) -> None:

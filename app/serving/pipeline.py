@@ -25,9 +25,9 @@ from app.observability.request_record import RequestRecord, record_of
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.openai.sse import EventStream
-from app.serving import background
+from app.serving import background, migration
 from app.serving.adapters import adapter_path
-from app.serving.dispatch import ModelEndpoint, ModelEndpoints, PartStream, count_failure
+from app.serving.dispatch import ModelEndpoint, ModelEndpoints, count_failure
 from deployments.wire import ADAPTER_PATH, ModelInfo, ReplyPart
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -126,16 +126,17 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     )
     record.sent_to(endpoint.name, call.stream)
     ticket.shape(payload, call.reply, model)
+    attempts = migration.Attempts(request.app.state.migration_attempts)
     if call.background:
         queued = await call.queued(endpoint.name)
-        background.start(call, endpoint, payload, ticket)
+        background.start(call, endpoint, payload, ticket, attempts)
         return Response(queued, media_type="application/json", headers=ticket.headers)
     async with ticket.charging() as meter:
         if call.stream:
-            first, parts = await endpoint.open_stream(call.api, payload, meter)
+            first, parts = await migration.open_stream(endpoint, call.api, payload, meter, attempts)
             meter.handed_to_stream()
         else:
-            whole = await endpoint.reply(call.api, payload, meter)
+            whole = await migration.whole_reply(endpoint, call.api, payload, meter, attempts)
             meter.charge()  # written while the body is made; the slot is free before it goes
             record.completed(whole.prompt_tokens, whole.completion_tokens)
             body = await call.whole(whole.data)
@@ -143,6 +144,8 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
         return Response(body, media_type="application/json", headers=ticket.headers)
     record.first_token(first.prompt_tokens)
     tally = Tally(first, meter)
+    resume = migration.resume_of(call.api, payload, model)
+    parts = migration.ContinuedStream(endpoint, call.api, first, parts, meter, attempts, resume)
     return EventStream(
         _relay(call, endpoint, parts, tally, record),
         media_type="text/event-stream",
@@ -346,7 +349,7 @@ class Tally:
         record.stream_ended(self.last.completion_tokens, None if status == 200 else status)
         await self.meter.settle()
 
-    def on_close(self, parts: PartStream) -> Callable[[], None]:
+    def on_close(self, parts: migration.ContinuedStream) -> Callable[[], None]:
         """What runs when the response ends, however it ends (before its first event too)."""
 
         def closed() -> None:
@@ -362,7 +365,7 @@ class Tally:
 async def _relay(
     call: ApiCall,
     endpoint: ModelEndpoint,
-    parts: PartStream,
+    parts: migration.ContinuedStream,
     tally: Tally,
     record: RequestRecord,
 ) -> AsyncIterator[bytes]:
@@ -391,6 +394,8 @@ async def _relay(
             tally.advance(part)
     except StopAsyncIteration:
         error = endpoint.error(EOFError("the stream ended without its last part"))
+    except ApiError as exc:  # a stream that went on elsewhere, and failed there to begin
+        error = exc
     except Exception as exc:
         count_failure(exc, tally.meter)
         error = endpoint.error(exc)

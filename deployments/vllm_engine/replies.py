@@ -23,7 +23,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from deployments.vllm_engine.counting import EngineTokens, WholeReply, count_this_request
 from deployments.wire import (
-    EngineUnavailable,
+    EngineFailed,
     GenerationError,
     InvalidGenerationRequest,
     ReplyPart,
@@ -169,7 +169,7 @@ def refusal(response: ErrorResponse, api: ServedApi, body: dict[str, Any]) -> Ge
     status = int(info.code) if isinstance(info.code, int) else 500
     if status >= 500:
         logger.error("The serving layer failed a request: %s", info.message)
-        return EngineUnavailable("The model engine failed this request. Retry shortly.")
+        return EngineFailed("The model engine failed this request. Retry shortly.")
     message = _GRAMMAR_LOG_PREFIX.sub("", info.message)
     error = InvalidGenerationRequest(message)
     error.status = status
@@ -182,13 +182,13 @@ def refusal(response: ErrorResponse, api: ServedApi, body: dict[str, Any]) -> Ge
     return error
 
 
-def engine_failure(exc: VLLMServerError) -> EngineUnavailable:
+def engine_failure(exc: VLLMServerError) -> EngineFailed:
     """vLLM's server-side failure of a request as a 503 to retry: its engine core died (Serve
     replaces the replica), or the engine ended the request with an error."""
     if isinstance(exc, EngineDeadError):
-        return EngineUnavailable("The model engine stopped; the request was not completed.")
+        return EngineFailed("The model engine stopped; the request was not completed.")
     logger.error("The engine failed a request: %r", exc)
-    return EngineUnavailable("The model engine failed this request. Retry shortly.")
+    return EngineFailed("The model engine failed this request. Retry shortly.")
 
 
 def stream_failure(exc: Exception) -> GenerationError:
@@ -198,7 +198,7 @@ def stream_failure(exc: Exception) -> GenerationError:
     if isinstance(exc, VLLMServerError):
         return engine_failure(exc)
     logger.error("A stream failed: %r", exc)
-    return EngineUnavailable("The model engine failed while generating. Retry shortly.")
+    return EngineFailed("The model engine failed while generating. Retry shortly.")
 
 
 def charged(error: GenerationError, count: EngineTokens) -> GenerationError:

@@ -22,6 +22,7 @@ from deployments.request_router import (
     homes,
     prompt_text,
 )
+from deployments.wire import AVOID
 
 
 class ReplicaKey(NamedTuple):
@@ -318,3 +319,17 @@ async def test_other_calls_go_anywhere_and_feeds_to_the_replica_they_name():
     assert await router.choose_replicas([a, b], gone) == []
     # Serve then asks again after a pause, not at once in a loop that never yields.
     assert gone.routing_context.should_backoff and info.routing_context.should_backoff
+
+
+async def test_a_request_tried_again_passes_over_the_replicas_that_failed_it():
+    router = Router()
+    replicas = [replica(name) for name in "ab"]
+    for failed, left in (("a", "b"), ("b/1", "a")):  # a replica, or one of its serving processes
+        again = chat("hello", request_id=failed)
+        again.kwargs[AVOID] = (failed,)
+        ranks = await router.choose_replicas(replicas, again)
+        assert {r.replica_id.unique_id for rank in ranks for r in rank} == {left}
+    everyone = chat("hello", request_id="both")
+    everyone.kwargs[AVOID] = ("a", "b")  # none other left: a replica that recovered beats none
+    ranks = await router.choose_replicas(replicas, everyone)
+    assert {r.replica_id.unique_id for rank in ranks for r in rank} <= {"a", "b"} and ranks[0]
