@@ -32,10 +32,13 @@ class EngineServing:
         feed = self.feeds.of(ingress)
         if feed is None:
             parts = self.engine.serve(api, body)
-            first = await anext(parts)
-            yield first._replace(replica=self._replica) if self.feeds.accepts else first
-            async for part in parts:
-                yield part
+            try:
+                first = await anext(parts)
+                yield first._replace(replica=self._replica) if self.feeds.accepts else first
+                async for part in parts:
+                    yield part
+            except GenerationError as error:
+                raise self._failed(error) from None
             return
         feed.members.add(key)  # from here on the feed stays open, however long the prefill
         parts = self.engine.serve(api, body, batched=False)
@@ -49,8 +52,9 @@ class EngineServing:
                 async for part in parts:
                     feed.put(key, part)
             except GenerationError as error:
-                error.replica = error.replica or self._replica  # the ingress retries elsewhere
-                feed.put(key, error)
+                feed.put(key, self._failed(error))
+        except GenerationError as error:
+            raise self._failed(error) from None
         finally:
             feed.members.discard(key)
             await parts.aclose()
@@ -63,8 +67,17 @@ class EngineServing:
     async def reply(self, api: str, body: dict) -> AsyncIterator[ReplyPart]:
         """A whole request of `api`: the token counts so far every second or so while the
         engine works (parts without data), then the JSON body, in parts up to its `last`."""
-        async for part in self.engine.serve(api, body):
-            yield part
-            if part.last:
-                return
-        raise EngineFailed("The model engine ended the request without a reply.")
+        try:
+            async for part in self.engine.serve(api, body):
+                yield part
+                if part.last:
+                    return
+        except GenerationError as error:
+            raise self._failed(error) from None
+        raise self._failed(EngineFailed("The model engine ended the request without a reply."))
+
+    def _failed(self, error: GenerationError) -> GenerationError:
+        """`error`, naming this replica (or serving process) where it names none: the
+        ingress passes it over when it tries the request again (app.serving.migration)."""
+        error.replica = error.replica or self._replica
+        return error

@@ -24,7 +24,7 @@ from deployments.garbage_collection import collect_less_often
 from deployments.model_type import ModelTypeConfig, generated_model
 from deployments.replica_log import kept_through_logging_setup
 from deployments.serving_processes import ServingProcesses
-from deployments.wire import GenerationError, ModelInfo, ReplyPart
+from deployments.wire import ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve")
 
@@ -82,19 +82,7 @@ class ModelServer:
         batches of SSE events, or, while that ingress has a feed open where the request runs,
         the first part alone and the rest on the feed (deployments.engine_serving); it runs
         here or on a serving process (deployments.serving_processes). `avoid` is the request
-        router's (deployments.wire.AVOID); a failure names this replica, unless it names one
-        of its serving processes."""
-        async with aclosing(self._stream(api, body, ingress, key)) as parts:
-            try:
-                async for part in parts:
-                    yield part
-            except GenerationError as error:
-                error.replica = error.replica or self._replica
-                raise
-
-    async def _stream(
-        self, api: str, body: dict, ingress: str | None, key: int
-    ) -> AsyncIterator[ReplyPart]:
+        router's (deployments.wire.AVOID)."""
         processes = self._processes
         if processes is None:
             async for part in self._serving.stream(api, body, ingress, key):
@@ -120,16 +108,7 @@ class ModelServer:
     ) -> AsyncIterator[ReplyPart]:
         """A whole request of `api`: the token counts so far every second or so while the
         engine works (parts without data), then the JSON body, in parts up to its `last`.
-        `avoid` and a failure: as `stream`'s."""
-        async with aclosing(self._reply(api, body)) as parts:
-            try:
-                async for part in parts:
-                    yield part
-            except GenerationError as error:
-                error.replica = error.replica or self._replica
-                raise
-
-    async def _reply(self, api: str, body: dict) -> AsyncIterator[ReplyPart]:
+        `avoid`: as `stream`'s."""
         processes = self._processes
         index = 0 if processes is None else processes.pick()
         if processes is None:

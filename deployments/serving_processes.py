@@ -193,7 +193,9 @@ class ServingProcesses:
             done = True
             self._dead.add(index)
             logger.error("Serving process %d of this replica died", index)
-            raise EngineFailed(PROCESS_FAILED) from None
+            failed = EngineFailed(PROCESS_FAILED)
+            failed.replica = self._replica  # being replaced: the ingress passes it over
+            raise failed from None
         finally:
             self._load[index] -= 1
             if not done:  # cancelled (the client left): the process aborts the request
