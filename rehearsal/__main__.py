@@ -35,21 +35,27 @@ def main() -> None:
         metavar="NODE_TYPE",
         help="Leave a node type out (it can join later with add-node).",
     )
+    up.add_argument(
+        "--gcs-redis",
+        default="",
+        metavar="URL",
+        help="Keep the GCS in this Redis (fault tolerance: the head can be lost and restarted).",
+    )
     commands.add_parser(
         "deploy", help="`serve deploy` the production config, tiny model swapped in."
     )
     commands.add_parser("status", help="`serve status` of the cluster.")
     commands.add_parser("key", help="Create a user on the pro plan and print an API key.")
     for name, text in (
-        ("kill-node", "Lose a worker node (SIGKILL)."),
-        ("add-node", "Start a worker node."),
+        ("kill-node", "Lose a node (SIGKILL), `head` too."),
+        ("add-node", "Start a worker node, or the head again (`head`)."),
     ):
         commands.add_parser(name, help=text).add_argument("node_type")
     commands.add_parser("down", help="Stop every node of the cluster (HAProxy included).")
     args = parser.parse_args()
 
     if args.command == "up":
-        print_json(summary(cluster_up(args.dir, tuple(args.without))))
+        print_json(summary(cluster_up(args.dir, tuple(args.without), args.gcs_redis)))
         return
     cluster = LocalCluster.load(args.dir)
     if args.command == "deploy":

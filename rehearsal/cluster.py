@@ -8,12 +8,16 @@ vLLM itself runs on CPU. CPU counts are logical and small: the machine has few c
 Every node is started in a session of its own, so that everything it starts (raylet, workers,
 vLLM engine processes, HAProxy) can be found and stopped by that session id, without
 `ray stop`, which would stop every Ray on the machine.
+
+With a GCS store (a Redis), the head keeps Ray's control plane there, as cluster.yaml's does
+(GCS fault tolerance): the head can be lost and started again, and it reads the cluster back.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -34,6 +39,22 @@ STATE_FILE = "cluster.json"
 NODE_CPUS = 2
 HOST = "127.0.0.1"
 START_ATTEMPTS = 3
+NODE_LABEL = "serviceai-node"
+"""The label that names a rehearsal node (`ray list nodes`: labels)."""
+GCS_RECONNECT_S = 600
+"""How long a node waits for a lost GCS to come back before it exits (Ray's default: 60 s;
+KubeRay sets 600 s where fault tolerance is on), as cluster.yaml's nodes."""
+
+
+def gcs_store_env(url: str, namespace: str) -> dict[str, str]:
+    """Ray's environment for GCS fault tolerance on the Redis at `url` (its password, if
+    any, goes to `ray start --head --redis-password`)."""
+    store = urlsplit(url)
+    return {
+        "RAY_REDIS_ADDRESS": f"{store.hostname}:{store.port or 6379}",
+        "RAY_external_storage_namespace": namespace,
+        "RAY_gcs_rpc_server_reconnect_timeout_s": str(GCS_RECONNECT_S),
+    }
 
 
 @dataclass(frozen=True)
@@ -84,10 +105,16 @@ class LocalCluster:
     http_port: int = 0
     env: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)
+    gcs_store: str = ""
+    """The Redis (redis://[:password@]host:port) that holds the GCS; empty: none."""
 
     @classmethod
-    def create(cls, env: dict[str, str], root: Path | None = None) -> LocalCluster:
-        """A cluster to start; `env` is what every node's Ray is started with (SERVICEAI_*)."""
+    def create(
+        cls, env: dict[str, str], root: Path | None = None, gcs_store: str = ""
+    ) -> LocalCluster:
+        """A cluster to start; `env` is what every node's Ray is started with (SERVICEAI_*).
+        With `gcs_store`, its GCS lives in that Redis under a namespace of its own (the
+        folder's name), so clusters sharing the Redis never read each other's."""
         if root is None:
             root = Path(tempfile.mkdtemp(prefix="sai-c-", dir="/tmp"))
         root.mkdir(parents=True, exist_ok=True)
@@ -101,12 +128,15 @@ class LocalCluster:
         token.write_text(generate_new_authentication_token())
         token.chmod(0o600)
         env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+        if gcs_store:
+            env |= gcs_store_env(gcs_store, namespace=f"rehearsal-{root.name}")
         return cls(
             root=root,
             gcs_port=free_port(),
             dashboard_port=free_port(),
             http_port=free_port(),
             env=env,
+            gcs_store=gcs_store,
         )
 
     @classmethod
@@ -134,7 +164,14 @@ class LocalCluster:
         return self.root / "ray"
 
     def start_head(self) -> None:
-        """The control plane only, as in cluster.yaml (CPU 0): GCS, dashboard, Serve controller."""
+        """The control plane only, as in cluster.yaml (CPU 0): GCS, dashboard, Serve controller.
+
+        Again after the head was lost (with a GCS store: it reads the cluster back), on the
+        same ports, which the worker nodes know."""
+        # A lost head leaves its address in the temp dir, and `ray start --head` refuses to
+        # start where that address shows on a running raylet's command line: on one machine,
+        # the worker nodes' (ray/scripts/scripts.py, "is already running").
+        (self.ray_dir / "ray_current_cluster").unlink(missing_ok=True)
         self._start(
             "head",
             self.http_port,
@@ -147,6 +184,11 @@ class LocalCluster:
                 f"--dashboard-host={HOST}",
                 f"--ray-client-server-port={free_port()}",
                 f"--temp-dir={self.ray_dir}",
+                *(
+                    [f"--redis-password={urlsplit(self.gcs_store).password}"]
+                    if urlsplit(self.gcs_store).password
+                    else []
+                ),
             ],
         )
 
@@ -163,7 +205,8 @@ class LocalCluster:
         return self._start(name, free_port(), flags)
 
     def kill_node(self, name: str) -> None:
-        """The node is lost: every process of its session gets SIGKILL, nothing shuts down."""
+        """The node is lost: every process of its session gets SIGKILL, nothing shuts down
+        (the head too: its GCS, dashboard, Serve controller and HAProxy)."""
         node = self.nodes.pop(name)
         self._save()
         _signal_session(node.session, signal.SIGKILL)
@@ -179,6 +222,8 @@ class LocalCluster:
                 _wait_session_gone(node.session, timeout_s=15)
             del self.nodes[name]
             self._save()
+        if self.gcs_store:
+            clear_gcs_store(self.gcs_store, self.env["RAY_external_storage_namespace"])
 
     def _start(self, name: str, http_port: int, flags: list[str]) -> Node:
         """`ray start`, tried again with fresh ports if it fails: on a loaded machine a node can
@@ -192,7 +237,10 @@ class LocalCluster:
                 str(Path(sys.executable).with_name("ray")),
                 "start",
                 f"--node-ip-address={HOST}",
-                f"--node-name={name}",
+                # Serve takes a node's name for its address (its HAProxy's servers and the
+                # head's fallback proxy), so the name stays Ray's default, the node's IP; the
+                # rehearsal's node name is a label.
+                f"--labels={NODE_LABEL}={name}",
                 f"--node-manager-port={free_port()}",
                 f"--object-manager-port={free_port()}",
                 f"--metrics-export-port={free_port()}",
@@ -204,7 +252,8 @@ class LocalCluster:
                 *flags,
             ]
             with open(log_path, "ab") as log:
-                log.write(f"--- attempt {attempt}: {' '.join(command)}\n".encode())
+                shown = [re.sub("^(--redis-password=).+", r"\1***", a) for a in command]
+                log.write(f"--- attempt {attempt}: {' '.join(shown)}\n".encode())
                 log.flush()
                 # A session of its own: the node's processes share its id (see _signal_session).
                 process = subprocess.Popen(
@@ -247,6 +296,22 @@ class LocalCluster:
         state = asdict(self)
         state.pop("root")
         (self.root / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+
+def clear_gcs_store(url: str, namespace: str) -> None:
+    """Delete a stopped cluster's GCS tables from its Redis (Ray's own clean-up, which
+    KubeRay runs when it deletes a cluster with fault tolerance)."""
+    from ray._private.gcs_utils import cleanup_redis_storage
+
+    store = urlsplit(url)
+    cleanup_redis_storage(
+        host=store.hostname or HOST,
+        port=store.port or 6379,
+        password=store.password or "",
+        use_ssl=store.scheme == "rediss",
+        storage_namespace=namespace,
+        username=store.username or None,
+    )
 
 
 def session_processes(session: int) -> list[int]:

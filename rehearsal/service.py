@@ -41,8 +41,11 @@ def node_env(root: Path, http_port: int) -> dict[str, str]:
     }
 
 
-def cluster_up(root: Path = DEFAULT_ROOT, without: tuple[str, ...] = ()) -> LocalCluster:
-    """The head and one worker node per node type of cluster.yaml, except those `without`."""
+def cluster_up(
+    root: Path = DEFAULT_ROOT, without: tuple[str, ...] = (), gcs_store: str = ""
+) -> LocalCluster:
+    """The head and one worker node per node type of cluster.yaml, except those `without`;
+    with `gcs_store` (a Redis URL), the head's GCS is kept there (fault tolerance)."""
     node_types = worker_node_types()
     unknown = set(without) - set(node_types)
     if unknown:
@@ -50,7 +53,7 @@ def cluster_up(root: Path = DEFAULT_ROOT, without: tuple[str, ...] = ()) -> Loca
             f"unknown node type(s) {sorted(unknown)}; cluster.yaml has {sorted(node_types)}"
         )
     ensure(tiny_model_dir())  # once here, not by several replicas at once
-    cluster = LocalCluster.create({}, root)
+    cluster = LocalCluster.create({}, root, gcs_store)
     cluster.env |= node_env(cluster.root, cluster.http_port)
     try:
         cluster.start_head()
@@ -64,7 +67,10 @@ def cluster_up(root: Path = DEFAULT_ROOT, without: tuple[str, ...] = ()) -> Loca
 
 
 def add_node(cluster: LocalCluster, node_type: str) -> None:
-    cluster.add_node(worker_node_types()[node_type])
+    if node_type == "head":
+        cluster.start_head()
+    else:
+        cluster.add_node(worker_node_types()[node_type])
 
 
 def serve_deploy(cluster: LocalCluster, **changes: Any) -> Path:
@@ -111,10 +117,11 @@ async def create_api_key(cluster: LocalCluster, email: str = "operator@serviceai
 def summary(cluster: LocalCluster) -> dict[str, Any]:
     return {
         "root": str(cluster.root),
-        "nodes": sorted(cluster.nodes),
+        "nodes": {name: node.http_port for name, node in sorted(cluster.nodes.items())},
         "ray_address": cluster.address,
         "dashboard": cluster.dashboard_url,
         "origin": cluster.origin,
+        "gcs_store": cluster.env.get("RAY_REDIS_ADDRESS", "none"),
         "database_url": cluster.env["SERVICEAI_DATABASE_URL"],
     }
 

@@ -22,8 +22,9 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from rehearsal.cluster import LocalCluster
+from rehearsal.cluster import NODE_LABEL, LocalCluster
 from rehearsal.service import cluster_up, create_api_key, serve_deploy, serve_status
+from tests.conftest import REDIS
 
 LATE_NODE = "gpu_h100"
 """Left out at start: ServiceAi-Pro is deployed before any node can host it."""
@@ -128,6 +129,15 @@ class Rehearsal:
         )
         return json.loads(result.stdout.strip().splitlines()[-1])
 
+    def alive_nodes(self) -> dict[str, dict[str, Any]]:
+        """The alive nodes by their rehearsal name (the node's label; Ray's own node name is
+        its address, the same for all of them on one machine)."""
+        return {n["labels"][NODE_LABEL]: n for n in self.ray_list("nodes", "state=ALIVE")}
+
+    def node_origin(self, node: str) -> str:
+        """That node's proxy (HAProxy): where a client connects if the balancer sends it there."""
+        return f"http://127.0.0.1:{self.cluster.nodes[node].http_port}"
+
     def alive_replicas(self, deployment: str) -> list[dict[str, Any]]:
         return [
             a
@@ -170,7 +180,8 @@ def rehearsal(request: pytest.FixtureRequest, stack_lock: None) -> Iterator[Rehe
     cluster = None
     try:
         started = time.monotonic()
-        cluster = cluster_up(root, without=(LATE_NODE,))
+        # GCS fault tolerance on the test Redis, as production keeps it in a Redis of its own.
+        cluster = cluster_up(root, without=(LATE_NODE,), gcs_store=REDIS)
         up_s = time.monotonic() - started
         api_key = asyncio.run(create_api_key(cluster))
         serve_deploy(cluster)

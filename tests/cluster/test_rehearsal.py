@@ -2,13 +2,15 @@
 
 The tests run in file order on one cluster (the `rehearsal` fixture): a type whose node joins
 late, placement, a cold start from zero, a rolling update under load, autoscaling, a lost
-worker node, and last one type's replicas on two nodes with prefix affinity. Figures (seconds, stream counts) go to `rehearsal.figures`, printed at the end.
+worker node, a lost head (GCS fault tolerance), and last one type's replicas on two nodes with
+prefix affinity. Figures (seconds, stream counts) go to `rehearsal.figures`, printed at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from rehearsal.cluster import worker_node_types
+from rehearsal.cluster import NODE_LABEL, worker_node_types
 from rehearsal.config import rehearsal_config
 from rehearsal.service import add_node
 from tests.cluster.conftest import LATE_NODE, Rehearsal, wait_for
@@ -76,8 +78,8 @@ def test_a_type_deployed_before_its_node_joins_is_pending_then_serves(rehearsal)
 
 
 def test_replicas_and_proxies_are_where_the_production_config_puts_them(rehearsal):
-    nodes = {n["node_id"]: n for n in rehearsal.ray_list("nodes", "state=ALIVE")}
-    by_name = {n["node_name"]: n for n in nodes.values()}
+    by_name = rehearsal.alive_nodes()
+    nodes = {n["node_id"]: n for n in by_name.values()}
     assert set(by_name) == {"head", "cpu_ingress", "gpu_l4", "gpu_l40s", "gpu_h100"}
 
     # proxy_location: EveryNode: a proxy (HAProxy) on the head and on every node that runs a
@@ -92,7 +94,7 @@ def test_replicas_and_proxies_are_where_the_production_config_puts_them(rehearsa
 
     # The ingress only where its marker resource is (cluster.yaml's cpu_ingress nodes).
     for replica in rehearsal.alive_replicas("Ingress"):
-        assert nodes[replica["node_id"]]["node_name"] == "cpu_ingress"
+        assert nodes[replica["node_id"]]["labels"][NODE_LABEL] == "cpu_ingress"
 
     # Each single-GPU type on a node with a GPU and the accelerator type it asks for.
     for name in ("ServiceAi-Fast", "ServiceAi-Coder"):
@@ -339,6 +341,89 @@ async def test_a_lost_worker_node_ends_its_streams_and_serves_again_once_back(re
     assert "head" in cluster.nodes and rehearsal.ready()[0] == 200
 
 
+async def test_the_head_is_lost_the_worker_nodes_serve_and_it_comes_back(rehearsal):
+    """GCS fault tolerance (the GCS in the test Redis, as production's in a Redis of its own):
+    every process of the head (GCS, dashboard, Serve controller, its HAProxy) is SIGKILLed
+    while clients stream through the cpu_ingress node's proxy, where a balancer sends them once
+    the head's proxy stops answering. Streams in flight finish, new ones are served, the head
+    is started again on the same address (what `ray up --restart-only` does on a VM), reads
+    the cluster back, and the control plane acts again: the scale-up the outage's load asked
+    for applies."""
+    cluster = rehearsal.cluster
+    await wait_for_async(
+        lambda: steady(rehearsal, "ServiceAi-Fast", 1), timeout_s=180, what="Fast at 1 replica"
+    )
+    origin = rehearsal.node_origin("cpu_ingress")
+    async with httpx.AsyncClient(
+        base_url=origin, headers=rehearsal.headers, timeout=httpx.Timeout(120, connect=10)
+    ) as client:
+        flowing = asyncio.Event()
+        in_flight = [
+            asyncio.create_task(
+                stream_chat(client, "ServiceAi-Fast", 1500, flowing, ignore_eos=True)
+            )
+            for _ in range(2)
+        ]
+        await asyncio.wait_for(flowing.wait(), timeout=60)
+        lost = time.monotonic()
+        await asyncio.to_thread(cluster.kill_node, "head")
+        with pytest.raises(httpx.ConnectError):  # a balancer's health check fails here
+            httpx.get(f"{rehearsal.origin}/health", timeout=5)
+
+        # Six clients streaming one request after another: more than Fast's one replica's
+        # target (2 ongoing), so Serve would add one, but no actor can start without the GCS.
+        async with Load(
+            origin, rehearsal.api_key, {"ServiceAi-Fast": 6}, default_tokens=64
+        ) as load:
+            await wait_for_async(
+                lambda: len(load.outcomes) >= 30, timeout_s=120, what="30 streams in the outage"
+            )
+            during = load.tally("ServiceAi-Fast")
+            outcomes = await asyncio.gather(*in_flight)
+            back = time.monotonic()
+            await asyncio.to_thread(cluster.start_head)
+            restarted = time.monotonic()
+            await wait_for_async(
+                lambda: running_or_none(rehearsal, "ServiceAi-Fast") is not None,
+                timeout_s=120,
+                what="serve status to answer",
+            )
+            answers = time.monotonic()
+            await wait_for_async(
+                lambda: (running_or_none(rehearsal, "ServiceAi-Fast") or 0) >= 2,
+                timeout_s=600,
+                what="the scale-up the outage asked for",
+            )
+            scaled = time.monotonic()
+        await wait_for_async(
+            lambda: rehearsal.serves("ServiceAi-Fast"), timeout_s=60, what="the head's proxy"
+        )
+
+    timing = {"in_flight": outcomes, "during": during, "all": load.tally("ServiceAi-Fast")}
+    assert [o.kind for o in outcomes] == ["completed", "completed"], timing
+    assert set(during) == {"completed"} and set(load.tally("ServiceAi-Fast")) == {"completed"}, (
+        timing
+    )
+    rehearsal.figures |= {
+        "head_lost_streams_in_flight_completed": f"{len(outcomes)} of {len(outcomes)}",
+        "head_lost_streams_served_while_away": f"{during['completed']} of {sum(during.values())}",
+        "head_lost_streams_failed_in_all": sum(load.tally("ServiceAi-Fast").values())
+        - load.tally("ServiceAi-Fast")["completed"],
+        "head_away_s": round(restarted - lost, 1),
+        "head_ray_start_s": round(restarted - back, 1),
+        "head_back_serve_status_answers_after_s": round(answers - restarted, 1),
+        "head_back_scale_up_running_after_s": round(scaled - restarted, 1),
+    }
+
+
+def running_or_none(rehearsal: Rehearsal, deployment: str) -> int | None:
+    """Running replicas as `serve status` says, None while it does not answer (no head)."""
+    try:
+        return running(rehearsal, deployment)
+    except (RuntimeError, subprocess.TimeoutExpired):
+        return None
+
+
 def test_a_types_replicas_on_two_nodes_keep_every_conversation_on_its_cache(rehearsal):
     """Prefix affinity across nodes: Fast at two replicas of a whole GPU each, so one per
     gpu_l4 node, and every later turn of a conversation finds its earlier turns cached."""
@@ -375,7 +460,7 @@ def test_a_types_replicas_on_two_nodes_keep_every_conversation_on_its_cache(rehe
         what="Fast at two replicas of a whole GPU",
     )
     rehearsal.figures["two_nodes_fast_replicas_up_s"] = round(time.monotonic() - deployed, 1)
-    nodes = {n["node_id"]: n["node_name"] for n in rehearsal.ray_list("nodes", "state=ALIVE")}
+    nodes = {n["node_id"]: name for name, n in rehearsal.alive_nodes().items()}
     hosts = [nodes[r["node_id"]] for r in rehearsal.alive_replicas("ServiceAi-Fast")]
     assert len(set(hosts)) == 2 and all(h.startswith("gpu_l4") for h in hosts), hosts
 

@@ -11,6 +11,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 from app.serving.ray_runtime import SERVE_ENV
 from deployments.model_type import ray_accelerator_types
+from rehearsal.cluster import GCS_RECONNECT_S
 
 # What AWS sells under these names (vCPUs, GPUs, and the device name NVML reports for them),
 # from the EC2 instance type pages. Ray derives a node's accelerator_type from the NVML name.
@@ -143,3 +144,14 @@ def test_ray_starts_with_the_serve_runtime_the_benchmark_measured(cluster):
         start = " ".join(cluster[commands])
         for name, value in SERVE_ENV.items():
             assert f"{name}={value}" in start, (commands, name)
+
+
+def test_the_head_keeps_the_gcs_in_redis_and_workers_wait_for_it(cluster):
+    """GCS fault tolerance as the rehearsal runs it (rehearsal/cluster.py, gcs_store_env)."""
+    head = " ".join(cluster["head_start_ray_commands"])
+    assert "RAY_REDIS_ADDRESS=$SERVICEAI_GCS_REDIS_ADDRESS" in head
+    assert "RAY_external_storage_namespace=serviceai" in head
+    assert '--redis-password="$SERVICEAI_GCS_REDIS_PASSWORD"' in head
+    for commands in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = " ".join(cluster[commands])
+        assert f"RAY_gcs_rpc_server_reconnect_timeout_s={GCS_RECONNECT_S}" in start, commands
