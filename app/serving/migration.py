@@ -8,19 +8,22 @@ router's `AVOID`), at most `attempts` times (SERVICEAI_MIGRATION_ATTEMPTS), neve
 client that left (its task is cancelled first). What the client has seen decides how:
 
 - nothing (a whole reply, or a stream before its first part): the request starts over;
-- part of a stream: chat and completions continue. The new replica gets the prompt plus the
-  text already sent (chat: as the assistant's message it continues, vLLM's
-  `continue_final_message`; completions: after the prompt), the rest of the length budget
-  and the same sampling; its events are rewritten to carry the first reply's id and creation
-  time, without a second role chunk, and its usage counts the prompt once and every
-  completion token the client received. The re-prefill is the service's cost.
+- part of a stream: it continues. The new replica gets the prompt plus the text already
+  sent (chat: as the assistant's message it continues, vLLM's `continue_final_message`;
+  Messages: as a final assistant message, Anthropic's prefill; Responses: as a final
+  assistant message `in_progress`; completions: after the prompt), the rest of the length
+  budget and the same sampling. Its events are rewritten as the first reply's: chat and
+  completions keep the first id and creation time with no second role chunk; Messages no
+  second `message_start` or opening of the text block; Responses the first response's id,
+  creation time and message item, sequence numbers going on, and the done events' text
+  whole. Its usage counts the prompt once and every completion token the client received.
+  The re-prefill is the service's cost.
 
 A continuation would not be faithful, and the stream ends with its error as before, where
 the reply holds more than text (`n` > 1, logprobs, tool calls, reasoning, structured output
-half sent, `echo`, a suffix, a prompt of token ids) and on /v1/responses and /v1/messages
-streams, whose events name their items (docs/operations.md). Each migration is logged and
-counted (`serviceai_migrations` by model type, API and kind: `restart`, `continue`, or
-`refused` with the reason logged).
+half sent, `echo`, a suffix, a prompt of token ids: docs/operations.md). Each migration is
+logged and counted (`serviceai_migrations` by model type, API and kind: `restart`,
+`continue`, or `refused` with the reason logged).
 """
 
 from __future__ import annotations
@@ -122,52 +125,147 @@ Continue = Callable[[list[bytes], int], "Continuation | str"]
 
 class Continuation:
     """How a cut stream goes on: the payload that continues it, and the new replica's parts
-    as the client must see them (the first reply's id, creation time and counts)."""
+    as the client must see them (one reply: the first's identity, counts and events)."""
 
-    def __init__(self, payload: dict, sent: list[bytes], received: int) -> None:
+    def __init__(self, payload: dict, received: int) -> None:
         self.payload = payload
         self.received = received
         self.prompt_tokens = 0  # the first reply's prompt: set by the stream that goes on
-        self._id, self._created = first_identity(sent)
-        self._opened = False
 
     def part(self, part: ReplyPart) -> ReplyPart:
         """A part of the new replica's stream as the first replica's would have been."""
-        events = []
-        for event in sse_events(part.data):
-            if event == b"[DONE]":
-                events.append(b"data: [DONE]\n\n")
-                continue
-            chunk = orjson.loads(event)
-            if self._keep(chunk):
-                events.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        data = b"".join(self.event(name, data) for name, data in sse_blocks(part.data))
         return part._replace(
-            data=b"".join(events),
+            data=data,
+            final=None if part.final is None else orjson.dumps(self.rewritten(part.final)),
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.received + part.completion_tokens,
         )
 
-    def _keep(self, chunk: dict[str, Any]) -> bool:
-        chunk["id"], chunk["created"] = self._id, self._created
-        usage = chunk.get("usage")
-        if usage:
-            usage["prompt_tokens"] = self.prompt_tokens
-            usage["completion_tokens"] = self.received + usage.get("completion_tokens", 0)
-            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-            details = usage.get("prompt_tokens_details")
+    def event(self, name: bytes | None, data: bytes) -> bytes:
+        """One event of the new stream as the client gets it (b"" for none)."""
+        if data == b"[DONE]":
+            return b"data: [DONE]\n\n"
+        event = self.kept(orjson.loads(data))
+        if event is None:
+            return b""
+        head = b"event: " + name + b"\n" if name is not None else b""
+        return head + b"data: " + orjson.dumps(event) + b"\n\n"
+
+    def kept(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def rewritten(self, final: bytes) -> dict[str, Any]:
+        """A /v1/responses stream's terminal event (held apart: the ingress stores it)."""
+        raise NotImplementedError
+
+    def usage(self, usage: dict[str, Any] | None, prompt: str, completion: str, total: str) -> None:
+        """The reply's usage as one reply's: the first prompt, every completion token."""
+        if not usage:
+            return
+        usage[prompt] = self.prompt_tokens
+        usage[completion] = self.received + (usage.get(completion) or 0)
+        if total:
+            usage[total] = usage[prompt] + usage[completion]
+        for details in (usage.get("prompt_tokens_details"), usage.get("input_tokens_details")):
             if details and details.get("cached_tokens"):
                 details["cached_tokens"] = min(details["cached_tokens"], self.prompt_tokens)
+
+
+class ChunkContinuation(Continuation):
+    """Chat and completion chunks: the first reply's id and creation time, no second role."""
+
+    def __init__(self, payload: dict, sent: list[bytes], received: int) -> None:
+        super().__init__(payload, received)
+        self._id, self._created = first_identity(sent)
+        self._opened = False
+
+    def kept(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        chunk["id"], chunk["created"] = self._id, self._created
+        self.usage(chunk.get("usage"), "prompt_tokens", "completion_tokens", "total_tokens")
         if self._opened:
-            return True
+            return chunk
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta")
             if delta is not None and "role" in delta:
                 # The new reply's opening chunk: the client had the role from the first one.
                 self._opened = True
                 del delta["role"]
-                return bool(delta.get("content")) or choice.get("finish_reason") is not None
+                keep = bool(delta.get("content")) or choice.get("finish_reason") is not None
+                return chunk if keep else None
         self._opened = bool(chunk.get("choices"))
-        return True
+        return chunk
+
+
+class MessagesContinuation(Continuation):
+    """Anthropic's events: the message and its text block were opened by the first reply."""
+
+    def __init__(self, payload: dict, received: int, block_open: bool) -> None:
+        super().__init__(payload, received)
+        self._block_open = block_open
+
+    def kept(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        kind = event.get("type")
+        if kind == "message_start" or (kind == "content_block_start" and self._block_open):
+            return None
+        if kind == "message_delta":
+            self.usage(event.get("usage"), "input_tokens", "output_tokens", "")
+        return event
+
+
+class ResponsesContinuation(Continuation):
+    """OpenAI's Responses events: the first response's id, creation time and output item, its
+    sequence numbers going on, and the done events' text whole."""
+
+    def __init__(self, payload: dict, received: int, first: dict, said: str) -> None:
+        super().__init__(payload, received)
+        self._response = first["response"]
+        self._item = first["item"]
+        self._part_open = first["part_open"]
+        self._sequence = first["sequence"]
+        self._said = said
+
+    def kept(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        kind = event.get("type")
+        if kind in ("response.created", "response.in_progress"):
+            return None
+        if kind == "response.output_item.added" and self._item is not None:
+            return None
+        if kind == "response.content_part.added" and self._part_open:
+            return None
+        return self._one_reply(event)
+
+    def rewritten(self, final: bytes) -> dict[str, Any]:
+        return self._one_reply(orjson.loads(final))
+
+    def _one_reply(self, event: dict[str, Any]) -> dict[str, Any]:
+        self._sequence += 1
+        event["sequence_number"] = self._sequence
+        if self._item is not None and "item_id" in event:
+            event["item_id"] = self._item
+        if "text" in event:  # response.output_text.done
+            event["text"] = self._said + event["text"]
+        if (event.get("part") or {}).get("type") == "output_text":
+            event["part"]["text"] = self._said + event["part"]["text"]
+        if "item" in event:
+            self._whole(event["item"])
+        response = event.get("response")
+        if response is not None:
+            response["id"] = self._response["id"]
+            response["created_at"] = self._response["created_at"]
+            for item in response.get("output") or ():
+                self._whole(item)
+            self.usage(response.get("usage"), "input_tokens", "output_tokens", "total_tokens")
+        return event
+
+    def _whole(self, item: dict[str, Any]) -> None:
+        if item.get("type") != "message":
+            return
+        if self._item is not None:
+            item["id"] = self._item
+        texts = [c for c in item.get("content") or () if c.get("type") == "output_text"]
+        if texts:
+            texts[0]["text"] = self._said + texts[0]["text"]
 
 
 class ContinuedStream:
@@ -193,7 +291,6 @@ class ContinuedStream:
         self._resume = resume
         self._sent = [first.data]
         self._last = first
-        self._prompt_tokens = first.prompt_tokens
         self._continuation: Continuation | None = None
         self._opening: ReplyPart | None = None
 
@@ -235,7 +332,9 @@ class ContinuedStream:
         if isinstance(continuation, str):
             moved(self._endpoint, self._api, "refused", lost, continuation)
             return False
-        continuation.prompt_tokens = self._prompt_tokens
+        # The prompt as last counted: a stream's first event can precede its prefill (a
+        # Responses stream's `response.created` counts no prompt yet).
+        continuation.prompt_tokens = self._last.prompt_tokens
         cut = time.perf_counter()
         try:
             first, self._parts = await open_stream(
@@ -269,7 +368,17 @@ def resume_of(api: str, payload: dict, model: ModelInfo) -> Continue:
         if refusal:
             return _refused(refusal)
         return lambda sent, n: completion_continuation(payload, sent, n)
-    return _refused(f"a {api} stream's events name its items: it is not continued")
+    if api == "messages":
+        refusal = messages_refusal(payload, model)
+        if refusal:
+            return _refused(refusal)
+        return lambda sent, n: messages_continuation(payload, sent, n)
+    if api == "responses":
+        refusal = responses_refusal(payload, model)
+        if refusal:
+            return _refused(refusal)
+        return lambda sent, n: responses_continuation(payload, sent, n)
+    return _refused(f"a {api} request is not streamed")
 
 
 def _refused(reason: str) -> Continue:
@@ -286,6 +395,30 @@ def chat_refusal(payload: dict, model: ModelInfo) -> str | None:
     return _common_refusal(payload) or (
         "structured output half sent" if format_type != "text" else None
     )
+
+
+def messages_refusal(payload: dict, model: ModelInfo) -> str | None:
+    """Why no Messages stream of `payload` can go on elsewhere faithfully, or None."""
+    if model.reasoning_parser:
+        return "a reasoning model's reply (its reasoning is parsed from the whole output)"
+    if payload.get("tools") and (payload.get("tool_choice") or {}).get("type") != "none":
+        return "a reply that may call tools"
+    if (payload.get("output_config") or {}).get("format"):
+        return "structured output half sent"
+    return None
+
+
+def responses_refusal(payload: dict, model: ModelInfo) -> str | None:
+    """Why no Responses stream of `payload` can go on elsewhere faithfully, or None."""
+    if model.reasoning_parser:
+        return "a reasoning model's reply (its reasoning is parsed from the whole output)"
+    if payload.get("tools") and payload.get("tool_choice") != "none":
+        return "a reply that may call tools"
+    if ((payload.get("text") or {}).get("format") or {}).get("type", "text") != "text":
+        return "structured output half sent"
+    if payload.get("top_logprobs") or any("logprobs" in i for i in payload.get("include") or ()):
+        return "logprobs"
+    return None
 
 
 def completion_refusal(payload: dict) -> str | None:
@@ -339,7 +472,7 @@ def chat_continuation(payload: dict, sent: list[bytes], received: int) -> Contin
         body["add_generation_prompt"] = False
         body["continue_final_message"] = True
     body["messages"] = messages
-    return Continuation(body, sent, received)
+    return ChunkContinuation(body, sent, received)
 
 
 def completion_continuation(payload: dict, sent: list[bytes], received: int) -> Continuation | str:
@@ -355,13 +488,86 @@ def completion_continuation(payload: dict, sent: list[bytes], received: int) -> 
         return body
     prompt = payload["prompt"]
     body["prompt"] = (prompt if isinstance(prompt, str) else prompt[0]) + "".join(text)
-    return Continuation(body, sent, received)
+    return ChunkContinuation(body, sent, received)
+
+
+def messages_continuation(payload: dict, sent: list[bytes], received: int) -> Continuation | str:
+    """The Messages request that goes on from the text `sent`: a final assistant message
+    (Anthropic's prefill, which the replica continues), or why there is none."""
+    text, block_open = [], False
+    for event in chunks(sent):
+        kind = event.get("type")
+        if kind == "content_block_start":
+            if event.get("index") != 0 or event["content_block"].get("type") != "text":
+                return "a reply that holds more than one text block"
+            block_open = True
+        elif kind == "content_block_delta":
+            if event["delta"].get("type") != "text_delta":
+                return "a reply that holds more than text"
+            text.append(event["delta"]["text"])
+        elif kind in ("content_block_stop", "message_delta", "message_stop"):
+            return "a reply already finished"
+    body = shortened(payload, received)
+    if isinstance(body, str):
+        return body
+    said = "".join(text)
+    messages = list(payload["messages"])
+    if said and messages[-1].get("role") == "assistant":  # the client's own prefill
+        content = messages[-1]["content"]
+        if not isinstance(content, str):
+            return "a final message of blocks to continue"
+        messages[-1] = {**messages[-1], "content": content + said}
+    elif said:
+        messages.append({"role": "assistant", "content": said})
+    body["messages"] = messages
+    return MessagesContinuation(body, received, block_open)
+
+
+def responses_continuation(payload: dict, sent: list[bytes], received: int) -> Continuation | str:
+    """The Responses request that goes on from the text `sent`: a final assistant message in
+    progress (which vLLM's Responses handler continues), or why there is none."""
+    first: dict[str, Any] = {"response": None, "item": None, "part_open": False, "sequence": -1}
+    text = []
+    for event in chunks(sent):
+        kind = event.get("type")
+        first["sequence"] = max(first["sequence"], event.get("sequence_number", -1))
+        if kind == "response.created":
+            first["response"] = event["response"]
+        elif kind == "response.output_item.added":
+            if event.get("output_index") != 0 or event["item"].get("type") != "message":
+                return "a reply that holds more than one message"
+            first["item"] = event["item"]["id"]
+        elif kind == "response.content_part.added":
+            if event.get("content_index") != 0:
+                return "a reply that holds more than one part"
+            first["part_open"] = True
+        elif kind == "response.output_text.delta":
+            text.append(event["delta"])
+        elif kind != "response.in_progress":
+            return "a reply that holds more than text, or is finished"
+    if first["response"] is None:
+        return "a stream that never started"
+    body = shortened(payload, received)
+    if isinstance(body, str):
+        return body
+    said = "".join(text)
+    if said:
+        given = payload["input"]
+        items = [{"role": "user", "content": given}] if isinstance(given, str) else list(given)
+        item = {"type": "message", "id": first["item"], "role": "assistant"}
+        item |= {"status": "in_progress", "content": [_output_text(said)]}
+        body["input"] = [*items, item]
+    return ResponsesContinuation(body, received, first, said)
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
 
 
 def shortened(payload: dict, received: int) -> dict | str:
     """`payload` with `received` tokens less to generate (and to generate at least)."""
     body = dict(payload)
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if body.get(field) is not None:
             body[field] -= received
             if body[field] <= 0:
@@ -373,6 +579,22 @@ def shortened(payload: dict, received: int) -> dict | str:
 
 def chunks(sent: list[bytes]) -> list[dict[str, Any]]:
     return [orjson.loads(e) for data in sent for e in sse_events(data) if e != b"[DONE]"]
+
+
+def sse_blocks(data: bytes) -> list[tuple[bytes | None, bytes]]:
+    """The server-sent events in `data`: each one's `event:` name (None where it has none)
+    and its `data:` payload."""
+    blocks = []
+    for block in data.split(b"\n\n"):
+        name, payload = None, None
+        for line in block.split(b"\n"):
+            if line.startswith(b"event:"):
+                name = line[6:].strip()
+            elif line.startswith(b"data:"):
+                payload = line[6:] if line.startswith(b"data: ") else line[5:]
+        if payload is not None:
+            blocks.append((name, payload))
+    return blocks
 
 
 def sse_events(data: bytes) -> list[bytes]:

@@ -4,11 +4,14 @@ vLLM converts a Messages request to a chat request, generates it with its chat s
 (the type's tool-call and reasoning parsers, the grammar and the strict-JSON mend included)
 and converts the reply back: a message, or Anthropic's event stream. The ingress relays the
 bytes as chat's; a failure inside the stream (vLLM's `error` event) is raised here, for the
-ingress to frame as Anthropic's error event as it does every failure.
+ingress to frame as Anthropic's error event as it does every failure. A final assistant message
+is continued, as Anthropic's API does with a prefill (vLLM's conversion opens a new turn after
+it): a client's prefill, and the ingress's continuation of a stream cut by a failed replica.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -36,6 +39,7 @@ class MessagesApi:
     prompt_param = "messages"
 
     def __init__(self, serving: AnthropicServingMessages) -> None:
+        continue_prefills()
         self._serving = serving
 
     def create(self, request: AnthropicMessagesRequest) -> Any:
@@ -77,6 +81,26 @@ class MessagesApi:
             )
         )
         return counted if isinstance(counted, ErrorResponse) else counted.input_tokens
+
+
+def continue_prefills() -> None:
+    """vLLM's conversion to chat, made to continue a final assistant message (generation goes
+    on from its text, no new turn), for a prompt's count as for generation."""
+    convert = AnthropicServingMessages.to_chat_completion_request
+    if getattr(convert, "_serviceai_prefill", False):
+        return
+    convert = convert.__func__
+
+    @functools.wraps(convert)
+    def to_chat_completion_request(cls: type, request: Any, **kwargs: Any) -> Any:
+        chat = convert(cls, request, **kwargs)
+        if request.messages and request.messages[-1].role == "assistant":
+            chat.add_generation_prompt = False
+            chat.continue_final_message = True
+        return chat
+
+    to_chat_completion_request._serviceai_prefill = True
+    AnthropicServingMessages.to_chat_completion_request = classmethod(to_chat_completion_request)
 
 
 def _thinking_omitted(request: AnthropicMessagesRequest) -> bool:

@@ -2,7 +2,7 @@
 
 vLLM has no public hook for what the adapter mends or measures: forced calls that skip the
 structural tag (`forced_tool_calls`), rewindable seeded sampling on CPU (`seeded_sampling`),
-JSON-schema strings held to JSON (`strict_json`), a prompt's length as the serving layer
+JSON-schema strings held to JSON (`strict_json`), Anthropic's prefill (`messages`), a prompt's length as the serving layer
 renders it (an embedding request's inputs too: `embeddings`), adapters loaded at run time
 (`adapters`), and the Responses handler built on the replica's own engine (`responses`). Those
 modules do the work; this one names every private surface they touch. Each replica calls
@@ -57,6 +57,11 @@ PATCHED = (
         "vllm.v1.structured_output.backend_xgrammar",
         "XgrammarBackend.__post_init__",
         "strict_json: schema strings compile to JSON characters",
+    ),
+    Surface(
+        "vllm.entrypoints.anthropic.serving",
+        "AnthropicServingMessages.to_chat_completion_request",
+        "messages: a final assistant message is continued (Anthropic's prefill)",
     ),
 )
 """Replaced in this process (the plugins in each engine core, forced calls in the replica)."""

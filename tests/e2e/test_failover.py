@@ -1,7 +1,8 @@
 """Nothing is dropped when a replica's engine or the replica itself dies (app.serving.migration):
 ServiceAi-Fast at two replicas in an application of its own, 16 streams in flight when one
-replica's engine is SIGKILLed, then its process; whole replies likewise. Every request
-completes as one reply, each with every token it asked for, charged once."""
+replica's engine is SIGKILLed (chat and Messages streams), then its process (completions and
+Responses streams); whole replies likewise. Every request completes as one reply, each with
+every token it asked for, charged once."""
 
 from __future__ import annotations
 
@@ -61,50 +62,124 @@ def replicas_of(stack: Stack) -> dict[int, tuple[int, ...]]:
     return wait_until(both, timeout_s=240, interval_s=2)
 
 
-async def stream_all(base: str, key: str, api: str, kill) -> list[dict]:
-    """STREAMS streams of TOKENS tokens each; `kill` runs once every stream has its first
-    tokens. Each stream's ids, role chunks, text, finish reason, usage and errors."""
+PATHS = {
+    "chat": "/chat/completions",
+    "completion": "/completions",
+    "messages": "/messages",
+    "responses": "/responses",
+}
+
+
+def request(api: str, index: int) -> dict:
+    """A stream of TOKENS tokens on `api` (Messages takes no ignore_eos: the random model may
+    end sooner)."""
+    body = {"model": FAST, "max_tokens": TOKENS, "stream": True}
+    words = f"story number {index}"
+    if api == "chat":
+        return {**body, "messages": [{"role": "user", "content": words}], "ignore_eos": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+    if api == "completion":
+        return {**body, "prompt": f"Story number {index}:", "ignore_eos": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+    if api == "messages":
+        return {**body, "messages": [{"role": "user", "content": words}]}
+    del body["max_tokens"]
+    return {**body, "input": words, "max_output_tokens": TOKENS, "ignore_eos": True}
+
+
+def read(api: str, event: dict, seen: dict) -> None:
+    """What one event of `api` tells: its reply's identity, text, end and usage."""
+    if api in ("chat", "completion"):
+        seen["ids"].add((event["id"], event["created"]))
+        if event.get("usage"):
+            seen["prompt"] = event["usage"]["prompt_tokens"]
+            seen["completion"] = event["usage"]["completion_tokens"]
+        for choice in event["choices"]:
+            delta = choice.get("delta", {})
+            seen["opened"] += "role" in delta
+            seen["text"] += delta.get("content") or choice.get("text") or ""
+            seen["finish"] = choice["finish_reason"] or seen["finish"]
+    elif api == "messages":
+        kind = event["type"]
+        if kind == "message_start":
+            seen["opened"] += 1
+            seen["ids"].add(event["message"]["id"])
+            seen["prompt"] = event["message"]["usage"]["input_tokens"]
+        elif kind == "content_block_start":
+            seen["blocks"] += 1
+        elif kind == "content_block_delta":
+            seen["text"] += event["delta"]["text"]
+        elif kind == "message_delta":
+            seen["finish"] = event["delta"]["stop_reason"]
+            seen["completion"] = event["usage"]["output_tokens"]
+    else:
+        seen["sequence"].append(event["sequence_number"])
+        if event["type"] == "response.created":
+            seen["opened"] += 1
+        if "response" in event:
+            seen["ids"].add(event["response"]["id"])
+        seen["items"].add(event.get("item_id") or event.get("item", {}).get("id"))
+        if event["type"] == "response.output_text.delta":
+            seen["text"] += event["delta"]
+        if event["type"] == "response.output_text.done":
+            seen["done_text"] = event["text"]
+        if event["type"] in ("response.completed", "response.incomplete"):
+            response = event["response"]
+            seen["finish"] = response["status"]
+            seen["done_text"] = response["output"][0]["content"][0]["text"]
+            seen["prompt"] = response["usage"]["input_tokens"]
+            seen["completion"] = response["usage"]["output_tokens"]
+
+
+async def stream_all(base: str, key: str, apis: tuple[str, str], kill) -> list[dict]:
+    """STREAMS streams of TOKENS tokens each, on the two `apis` in turn; `kill` runs once
+    every stream has its first tokens. What each stream's events said, and its errors."""
     headers = {"Authorization": f"Bearer {key}"}
     started = [asyncio.Event() for _ in range(STREAMS)]
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=300) as http:
 
         async def one(index: int) -> dict:
-            body = {
-                "model": FAST,
-                "max_tokens": TOKENS,
-                "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            if api == "chat":
-                body["messages"] = [{"role": "user", "content": f"story number {index}"}]
-            else:
-                body["prompt"] = f"Story number {index}:"
-            seen = {"ids": set(), "roles": 0, "text": "", "finish": None, "usage": None}
-            path = "/chat/completions" if api == "chat" else "/completions"
-            async with http.stream("POST", path, json=body) as response:
+            api = apis[index % 2]
+            seen = {"api": api, "ids": set(), "opened": 0, "blocks": 0, "text": "",
+                    "finish": None, "prompt": None, "completion": None, "sequence": [],
+                    "items": set()}  # fmt: skip
+            async with http.stream("POST", PATHS[api], json=request(api, index)) as response:
                 assert response.status_code == 200
                 async for line in response.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        seen["error"] = chunk["error"]
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        seen["error"] = event["error"]
                         continue
-                    seen["ids"].add((chunk["id"], chunk["created"]))
-                    seen["usage"] = chunk.get("usage") or seen["usage"]
-                    for choice in chunk["choices"]:
-                        delta = choice.get("delta", {})
-                        seen["roles"] += "role" in delta
-                        seen["text"] += delta.get("content") or choice.get("text") or ""
-                        seen["finish"] = choice["finish_reason"] or seen["finish"]
+                    read(api, event, seen)
+                    if seen["text"]:
                         started[index].set()
+            started[index].set()  # a Messages reply may end before its first text
             return seen
 
         tasks = [asyncio.create_task(one(i)) for i in range(STREAMS)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=120)
         kill()
         return await asyncio.gather(*tasks)
+
+
+def one_reply(seen: dict) -> None:
+    """A stream the client read as one reply, whichever replicas made it."""
+    api = seen["api"]
+    assert "error" not in seen, seen
+    assert len(seen["ids"]) == 1 and seen["opened"] == (api != "completion"), seen
+    if api == "messages":
+        assert seen["blocks"] <= 1 and seen["finish"] in ("max_tokens", "end_turn"), seen
+        assert 0 < seen["completion"] <= TOKENS, seen
+        return
+    assert seen["completion"] == TOKENS and seen["text"], seen
+    if api == "responses":
+        assert seen["finish"] == "incomplete" and seen["done_text"] == seen["text"], seen
+        assert seen["sequence"] == list(range(len(seen["sequence"]))), seen
+        assert len(seen["items"] - {None}) == 1, seen
+    else:
+        assert seen["finish"] == "length", seen
 
 
 def log_lines(stack: Stack) -> list[str]:
@@ -117,8 +192,12 @@ def log_lines(stack: Stack) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("victim", ["engine", "replica"])
-def test_sixteen_streams_survive_a_dead_engine_or_replica(stack: Stack, two_fast: str, victim):
+@pytest.mark.parametrize(
+    "victim, apis", [("engine", ("chat", "messages")), ("replica", ("completion", "responses"))]
+)
+def test_sixteen_streams_survive_a_dead_engine_or_replica(
+    stack: Stack, two_fast: str, victim, apis
+):
     _, key = new_user(stack)
     replicas = replicas_of(stack)
     pid, cores = next(iter(replicas.items()))
@@ -128,25 +207,21 @@ def test_sixteen_streams_survive_a_dead_engine_or_replica(stack: Stack, two_fast
         for target in cores if victim == "engine" else (pid,):
             psutil.Process(target).kill()
 
-    api = "chat" if victim == "engine" else "completion"
-    streams = asyncio.run(stream_all(two_fast, key, api, kill))
+    streams = asyncio.run(stream_all(two_fast, key, apis, kill))
     for seen in streams:
-        assert "error" not in seen, seen
-        assert len(seen["ids"]) == 1  # one reply, whichever replicas made it
-        assert seen["roles"] == (1 if api == "chat" else 0)
-        assert seen["finish"] == "length" and seen["text"]
-        assert seen["usage"]["completion_tokens"] == TOKENS
+        one_reply(seen)
     usage = usage_of(two_fast, key, STREAMS)
     assert usage["requests"] == STREAMS
-    assert usage["completion_tokens"] == STREAMS * TOKENS
-    assert usage["prompt_tokens"] == sum(s["usage"]["prompt_tokens"] for s in streams)
+    assert usage["completion_tokens"] == sum(s["completion"] for s in streams)
+    assert usage["prompt_tokens"] == sum(s["prompt"] for s in streams)
     migrated = [
         MIGRATED.search(line) for line in log_lines(stack)[before:] if MIGRATED.search(line)
     ]
     assert migrated, "no stream was on the replica that died"
-    assert {m.group(1) for m in migrated} == {api}
-    print(f"{victim} killed: {len(migrated)} of {STREAMS} streams went on, resumed after",
-          sorted(int(m.group(2)) for m in migrated), "ms")  # fmt: skip
+    assert {m.group(1) for m in migrated} <= set(apis)
+    print(f"{victim} killed: {len(migrated)} of {STREAMS} streams went on "
+          f"({', '.join(f'{a} {sum(m.group(1) == a for m in migrated)}' for a in apis)}), "
+          "resumed after", sorted(int(m.group(2)) for m in migrated), "ms")  # fmt: skip
 
 
 def test_whole_replies_in_flight_are_redone_on_the_other_replica(stack: Stack, two_fast: str):

@@ -108,13 +108,15 @@ def meter() -> Meter:
     return Meter(lambda prompt, completion: None)
 
 
-async def relay(replicas: Replicas, payload: dict, attempts: int = 2) -> tuple[list, Meter]:
+async def relay(
+    replicas: Replicas, payload: dict, attempts: int = 2, api: str = "chat"
+) -> tuple[list, Meter]:
     endpoint = ModelEndpoint("T", replicas)
     counted = meter()
     tries = Attempts(attempts)
-    first, parts = await migration.open_stream(endpoint, "chat", payload, counted, tries)
+    first, parts = await migration.open_stream(endpoint, api, payload, counted, tries)
     stream = ContinuedStream(
-        endpoint, "chat", first, parts, counted, tries, resume_of("chat", payload, MODEL)
+        endpoint, api, first, parts, counted, tries, resume_of(api, payload, MODEL)
     )
     received = [first]
     try:
@@ -210,7 +212,7 @@ def test_what_cannot_go_on_says_why(payload, reason):
     assert "reasoning" in resume_of("chat", CHAT, ModelInfo("T", 64, reasoning_parser="qwen3"))(
         [], 0
     )
-    assert "items" in resume_of("responses", CHAT, MODEL)([], 0)
+    assert "not streamed" in resume_of("embeddings", CHAT, MODEL)([], 0)
 
 
 def test_a_chat_reply_that_called_a_tool_is_not_continued():
@@ -228,3 +230,216 @@ def test_a_completion_goes_on_after_its_prompt_and_token_ids_do_not():
     continuation = resume_of("completion", payload, MODEL)(sent, 1)
     assert continuation.payload["prompt"] == "Once upon" and continuation.payload["max_tokens"] == 5
     assert "token ids" in resume_of("completion", {**payload, "prompt": [1, 2]}, MODEL)(sent, 1)
+
+
+def anthropic(event: dict) -> bytes:
+    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def text_delta(text: str) -> dict:
+    return {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "text_delta", "text": text},
+    }
+
+
+MESSAGES = {"model": "T", "max_tokens": 10, "stream": True, "temperature": 0.5,
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+
+
+def message_start(message_id: str, input_tokens: int) -> dict:
+    return {"type": "message_start", "message": {"id": message_id, "type": "message",
+            "role": "assistant", "content": [], "model": "T", "stop_reason": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0}}}  # fmt: skip
+
+
+async def test_a_messages_stream_goes_on_as_one_message_from_a_prefill():
+    block = {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": ""},
+    }
+    first = [
+        ReplyPart(anthropic(message_start("msg_1", 7)) + anthropic(block), 7, 0),
+        ReplyPart(anthropic(text_delta("Hello")) + anthropic(text_delta(" wor")), 7, 2),
+    ]
+    done = {"type": "message_delta", "delta": {"stop_reason": "max_tokens"},
+            "usage": {"input_tokens": 11, "output_tokens": 8}}  # fmt: skip
+    second = [
+        ReplyPart(anthropic(message_start("msg_2", 11)) + anthropic(block), 11, 0),
+        ReplyPart(anthropic({"type": "ping"}) + anthropic(text_delta("ld!")), 11, 1),
+        ReplyPart(
+            anthropic({"type": "content_block_stop", "index": 0})
+            + anthropic(done)
+            + anthropic({"type": "message_stop"}),
+            11,
+            8,
+            last=True,
+        ),
+    ]
+    replicas = Replicas([(first, failing("r1")), (second, None)])
+    received, counted = await relay(replicas, MESSAGES, api="messages")
+    events = [orjson.loads(e) for p in received for e in migration.sse_events(p.data)]
+    assert [e["type"] for e in events] == [
+        "message_start", "content_block_start", "content_block_delta", "content_block_delta",
+        "ping", "content_block_delta", "content_block_stop", "message_delta", "message_stop",
+    ]  # fmt: skip
+    assert events[0]["message"]["id"] == "msg_1"
+    assert "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta") == (
+        "Hello world!"
+    )
+    assert events[-2]["usage"] == {"input_tokens": 7, "output_tokens": 10}
+    assert b"event: message_delta\ndata: " in b"".join(p.data for p in received)
+    assert (counted.prompt_tokens, counted.completion_tokens) == (7, 10)
+    body, avoid = replicas.calls[1]
+    assert avoid == ("r1",) and body["max_tokens"] == 8 and body["temperature"] == 0.5
+    assert body["messages"][-1] == {"role": "assistant", "content": "Hello wor"}
+
+
+def test_a_messages_prefill_of_the_client_is_continued_and_tools_are_not():
+    payload = {
+        **MESSAGES,
+        "messages": [*MESSAGES["messages"], {"role": "assistant", "content": "A:"}],
+    }
+    sent = [anthropic(message_start("m", 3)), anthropic(text_delta(" yes"))]
+    continuation = resume_of("messages", payload, MODEL)(sent, 1)
+    assert continuation.payload["messages"][-1] == {"role": "assistant", "content": "A: yes"}
+    assert len(continuation.payload["messages"]) == 2
+    tools = {**MESSAGES, "tools": [{"name": "f", "input_schema": {}}]}
+    assert "tools" in resume_of("messages", tools, MODEL)(sent, 1)
+    use = {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use"}}
+    assert "more than" in resume_of("messages", MESSAGES, MODEL)([anthropic(use)], 1)
+
+
+def responses_event(kind: str, sequence: int, **fields) -> dict:
+    return {"type": kind, "sequence_number": sequence, **fields}
+
+
+def response_object(response_id: str, created: int, output: list, usage: dict | None) -> dict:
+    return {"id": response_id, "object": "response", "created_at": created, "status": "completed",
+            "output": output, "usage": usage}  # fmt: skip
+
+
+def message_item(item_id: str, text: str | None) -> dict:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
+    return {"id": item_id, "type": "message", "role": "assistant", "status": "in_progress",
+            "content": content}  # fmt: skip
+
+
+def responses_opening(response_id: str, created: int, item_id: str) -> bytes:
+    part = {"type": "output_text", "text": "", "annotations": []}
+    return b"".join(
+        anthropic(e)
+        for e in (
+            responses_event("response.created", 0,
+                            response=response_object(response_id, created, [], None)),
+            responses_event("response.in_progress", 1,
+                            response=response_object(response_id, created, [], None)),
+            responses_event("response.output_item.added", 2, output_index=0,
+                            item=message_item(item_id, None)),
+            responses_event("response.content_part.added", 3, item_id=item_id, output_index=0,
+                            content_index=0, part=part),
+        )
+    )  # fmt: skip
+
+
+def output_delta(item_id: str, sequence: int, text: str) -> bytes:
+    return anthropic(responses_event("response.output_text.delta", sequence, item_id=item_id,
+                                     output_index=0, content_index=0, delta=text, logprobs=[]))  # fmt: skip
+
+
+async def test_a_responses_stream_goes_on_as_one_response():
+    payload = {"model": "T", "input": [{"role": "user", "content": "hi"}],
+               "max_output_tokens": 10, "stream": True, "request_id": "resp_1"}  # fmt: skip
+    first = [
+        ReplyPart(responses_opening("resp_1", 100, "msg_1"), 0, 0),  # before its prefill
+        ReplyPart(output_delta("msg_1", 4, "Hello") + output_delta("msg_1", 5, " wor"), 7, 2),
+    ]
+    done_part = {"type": "output_text", "text": "ld!", "annotations": []}
+    final = responses_event(
+        "response.completed", 9,
+        response=response_object("resp_1", 200, [{**message_item("msg_2", "ld!"), "status": "completed"}],
+                                 {"input_tokens": 11, "output_tokens": 8, "total_tokens": 19,
+                                  "input_tokens_details": {"cached_tokens": 9}}),
+    )  # fmt: skip
+    second = [
+        ReplyPart(responses_opening("resp_1", 200, "msg_2"), 11, 0),
+        ReplyPart(
+            output_delta("msg_2", 4, "ld!")
+            + anthropic(
+                responses_event(
+                    "response.output_text.done",
+                    5,
+                    item_id="msg_2",
+                    output_index=0,
+                    content_index=0,
+                    text="ld!",
+                )
+            )
+            + anthropic(
+                responses_event(
+                    "response.content_part.done",
+                    6,
+                    item_id="msg_2",
+                    output_index=0,
+                    content_index=0,
+                    part=done_part,
+                )
+            )
+            + anthropic(
+                responses_event(
+                    "response.output_item.done",
+                    7,
+                    output_index=0,
+                    item=message_item("msg_2", "ld!"),
+                )
+            ),
+            11,
+            8,
+            last=True,
+            final=orjson.dumps(final),
+        ),  # fmt: skip
+    ]
+    replicas = Replicas([(first, failing("r1")), (second, None)])
+    received, counted = await relay(replicas, payload, api="responses")
+    events = [orjson.loads(e) for p in received for e in migration.sse_events(p.data)]
+    events.append(orjson.loads(received[-1].final))
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.completed",
+    ]  # fmt: skip
+    assert [e["sequence_number"] for e in events] == list(range(11))
+    assert {e["item_id"] for e in events if "item_id" in e} == {"msg_1"}
+    assert events[7]["text"] == events[8]["part"]["text"] == "Hello world!"
+    assert events[9]["item"]["id"] == "msg_1" and events[9]["item"]["content"][0]["text"] == (
+        "Hello world!"
+    )
+    response = events[-1]["response"]
+    assert (response["id"], response["created_at"]) == ("resp_1", 100)
+    assert response["output"][0]["id"] == "msg_1"
+    assert response["output"][0]["content"][0]["text"] == "Hello world!"
+    assert response["usage"] == {"input_tokens": 7, "output_tokens": 10, "total_tokens": 17,
+                                 "input_tokens_details": {"cached_tokens": 7}}  # fmt: skip
+    assert (counted.prompt_tokens, counted.completion_tokens) == (7, 10)
+    body, _ = replicas.calls[1]
+    assert body["max_output_tokens"] == 8 and body["request_id"] == "resp_1"
+    assert body["input"][-1] == {
+        "type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress",
+        "content": [{"type": "output_text", "text": "Hello wor", "annotations": []}],
+    }  # fmt: skip
+
+
+def test_a_responses_stream_with_more_than_text_is_not_continued():
+    payload = {"model": "T", "input": "hi", "stream": True}
+    assert "tools" in resume_of("responses", {**payload, "tools": [{"type": "function"}]}, MODEL)(
+        [], 0
+    )
+    schema = {"text": {"format": {"type": "json_schema", "schema": {}}}}
+    assert "structured" in resume_of("responses", {**payload, **schema}, MODEL)([], 0)
+    call = responses_event("response.output_item.added", 2, output_index=0,
+                           item={"id": "fc_1", "type": "function_call"})  # fmt: skip
+    sent = [responses_opening("r", 1, "m").split(b"\n\n")[0] + b"\n\n", anthropic(call)]
+    assert "more than one message" in resume_of("responses", payload, MODEL)(sent, 1)

@@ -38,3 +38,20 @@ async def test_omitted_thinking_sends_its_blocks_without_their_text(display):
     sent = [e.data.decode() async for e in api.events(stream(), request(display))]
     dropped = [EVENTS[1]] if display == "omitted" else []
     assert sent == [e for e in EVENTS if e not in dropped]
+
+
+def test_a_final_assistant_message_is_continued_as_anthropics_prefill():
+    from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
+
+    MessagesApi(SimpleNamespace())  # installs the continuation, once per process
+    MessagesApi(SimpleNamespace())
+    prefill = [*HI, {"role": "assistant", "content": "The answer is"}]
+    chat = AnthropicServingMessages.to_chat_completion_request(
+        AnthropicMessagesRequest(model="m", max_tokens=8, messages=prefill)
+    )
+    assert chat.messages[-1] == {"role": "assistant", "content": "The answer is"}
+    assert chat.continue_final_message is True and chat.add_generation_prompt is False
+    turn = AnthropicServingMessages.to_chat_completion_request(
+        AnthropicMessagesRequest(model="m", max_tokens=8, messages=HI)
+    )
+    assert turn.continue_final_message is False and turn.add_generation_prompt is True
