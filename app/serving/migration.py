@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import orjson
 from ray.util.metrics import Counter
@@ -43,6 +43,7 @@ from deployments.ray_internals import running_replicas
 from deployments.wire import ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")
+T = TypeVar("T")
 
 MIGRATIONS = Counter(
     "serviceai_migrations",
@@ -93,14 +94,14 @@ async def whole_reply(
 ) -> ReplyPart:
     """`endpoint.reply`, started over on another replica while one fails it: the client saw
     nothing, and is charged only what the reply it gets cost."""
-    while True:
-        try:
-            return await endpoint.reply(api, payload, meter, attempts.avoid)
-        except ReplicaLost as lost:
-            if not attempts.take(lost, endpoint):
-                raise
-            meter.reset()
-            moved(endpoint, api, "restart", lost, "a whole reply, started over")
+    return await _started_over(
+        lambda avoid: endpoint.reply(api, payload, meter, avoid),
+        endpoint,
+        api,
+        meter,
+        attempts,
+        "a whole reply, started over",
+    )
 
 
 async def open_stream(
@@ -108,14 +109,34 @@ async def open_stream(
 ) -> tuple[ReplyPart, PartStream]:
     """`endpoint.open_stream`, started over on another replica while one fails it before the
     stream's first part."""
+    return await _started_over(
+        lambda avoid: endpoint.open_stream(api, payload, meter, avoid),
+        endpoint,
+        api,
+        meter,
+        attempts,
+        "a stream before its first part, started over",
+    )
+
+
+async def _started_over(
+    call: Callable[[tuple[str, ...]], Awaitable[T]],
+    endpoint: ModelEndpoint,
+    api: str,
+    meter: Meter,
+    attempts: Attempts,
+    what: str,
+) -> T:
+    """`call` (given the replicas to pass over), again while a replica fails it and attempts
+    are left; each failed try is charged nothing."""
     while True:
         try:
-            return await endpoint.open_stream(api, payload, meter, attempts.avoid)
+            return await call(attempts.avoid)
         except ReplicaLost as lost:
             if not attempts.take(lost, endpoint):
                 raise
             meter.reset()
-            moved(endpoint, api, "restart", lost, "a stream before its first part, started over")
+            moved(endpoint, api, "restart", lost, what)
 
 
 Continue = Callable[[list[bytes], int], "Continuation | str"]
