@@ -24,7 +24,14 @@ class StreamOutcome:
     done: bool = False  # the stream ended with `data: [DONE]`
     transport_error: str | None = None
     chunks: int = 0
+    started_at: float = 0.0
+    first_chunk_at: float = 0.0
     ended_at: float = 0.0
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """Time to the first chunk, for a stream that had one."""
+        return 1000 * (self.first_chunk_at - self.started_at) if self.first_chunk_at else None
 
     @property
     def kind(self) -> str:
@@ -47,7 +54,7 @@ async def stream_chat(
     first_chunk: asyncio.Event | None = None,
     **body: Any,
 ) -> StreamOutcome:
-    outcome = StreamOutcome(model)
+    outcome = StreamOutcome(model, started_at=time.monotonic())
     request = {
         "model": model,
         "messages": [{"role": "user", "content": "Tell me a story."}],
@@ -74,6 +81,7 @@ async def stream_chat(
                     outcome.error_code = event["error"]["code"]
                     continue
                 outcome.chunks += 1
+                outcome.first_chunk_at = outcome.first_chunk_at or time.monotonic()
                 if first_chunk is not None and outcome.chunks == 2:
                     first_chunk.set()
                 for choice in event["choices"]:

@@ -13,6 +13,7 @@ import random
 import subprocess
 import time
 from collections.abc import Callable
+from statistics import median
 from typing import Any
 
 import httpx
@@ -404,7 +405,11 @@ async def test_the_head_is_lost_the_worker_nodes_serve_and_it_comes_back(rehears
     assert set(during) == {"completed"} and set(load.tally("ServiceAi-Fast")) == {"completed"}, (
         timing
     )
+    away = [o.ttft_ms for o in load.outcomes if o.started_at < restarted and o.ttft_ms]
+    returned = [o.ttft_ms for o in load.outcomes if o.started_at > restarted and o.ttft_ms]
     rehearsal.figures |= {
+        "head_away_stream_ttft_ms_p50_max": [round(median(away)), round(max(away))],
+        "head_back_stream_ttft_ms_p50_max": [round(median(returned)), round(max(returned))],
         "head_lost_streams_in_flight_completed": f"{len(outcomes)} of {len(outcomes)}",
         "head_lost_streams_served_while_away": f"{during['completed']} of {sum(during.values())}",
         "head_lost_streams_failed_in_all": sum(load.tally("ServiceAi-Fast").values())
