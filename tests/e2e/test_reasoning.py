@@ -1,6 +1,9 @@
 """A type that reasons, on every API: ServiceAi-Pro (vLLM's `deepseek_v3` reasoning parser; the
 tiny model's template opens <think> when asked, as opt-in templates do). The random model
-rarely closes its thinking: a reply that reasons is reasoning up to its limit."""
+rarely closes its thinking: a reply that reasons is reasoning up to its limit. Where a test
+needs some reasoning it samples greedily (the generated model is the same on every machine)
+and past end-of-text: sampled, one reply in a few hundred began with end-of-text or </think>
+and reasoned nothing (a CI run failed on it)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,10 @@ from tests.conftest import Stack
 
 PRO = "ServiceAi-Pro"
 HI = [{"role": "user", "content": "hi"}]
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+GREEDY_MESSAGE = {"temperature": 0}
+"""Anthropic's client refuses a temperature beside thinking (Anthropic's API takes only 1 then);
+the service takes any, and Messages have no ignore_eos."""
 
 
 def reasoning_of(message) -> str | None:
@@ -31,12 +38,12 @@ def test_chat_reasons_when_asked_and_answers_plainly_otherwise(client: openai.Op
         messages=HI,
         max_tokens=8,
         reasoning_effort="high",
-        extra_body={"ignore_eos": True},
+        **GREEDY,
     )
     assert reasoning_of(thought.choices[0].message)
     assert thought.usage.completion_tokens == 8
     stream = client.chat.completions.create(
-        model=PRO, messages=HI, max_tokens=8, reasoning_effort="low", stream=True
+        model=PRO, messages=HI, max_tokens=8, reasoning_effort="low", stream=True, **GREEDY
     )
     streamed = "".join(
         reasoning_of(chunk.choices[0].delta) or "" for chunk in stream if chunk.choices
@@ -52,6 +59,7 @@ def test_responses_reason_and_take_their_reasoning_back_as_codex_sends_it(client
         include=["reasoning.encrypted_content"],
         store=False,
         max_output_tokens=8,
+        **GREEDY,
     )
     [reasoning] = [item for item in first.output if item.type == "reasoning"]
     assert reasoning.content and reasoning.content[0].text
@@ -70,7 +78,7 @@ def test_responses_reason_and_take_their_reasoning_back_as_codex_sends_it(client
     )
     assert again.status in ("completed", "incomplete")
     with client.responses.stream(
-        model=PRO, input="hi", reasoning={"effort": "high"}, max_output_tokens=8
+        model=PRO, input="hi", reasoning={"effort": "high"}, max_output_tokens=8, **GREEDY
     ) as events:
         kinds = {event.type for event in events}
     assert "response.reasoning_text.delta" in kinds
@@ -79,10 +87,12 @@ def test_responses_reason_and_take_their_reasoning_back_as_codex_sends_it(client
 def test_messages_think_in_thinking_blocks(stack: Stack):
     claude = anthropic.Anthropic(base_url=stack.origin, api_key=stack.api_key, max_retries=0)
     thinking = {"type": "enabled", "budget_tokens": 1024}
-    message = claude.messages.create(model=PRO, max_tokens=1100, messages=HI, thinking=thinking)
+    message = claude.messages.create(
+        model=PRO, max_tokens=1100, messages=HI, thinking=thinking, extra_body=GREEDY_MESSAGE
+    )
     assert message.content[0].type == "thinking" and message.content[0].thinking
     with claude.messages.stream(
-        model=PRO, max_tokens=1100, messages=HI, thinking=thinking
+        model=PRO, max_tokens=1100, messages=HI, thinking=thinking, extra_body=GREEDY_MESSAGE
     ) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
@@ -108,7 +118,8 @@ def first_blocks(stack: Stack, **fields) -> list[str]:
 
 def test_messages_think_when_thinking_is_asked_for_at_the_effort_the_client_sets(stack: Stack):
     effort = {"output_config": {"effort": "low"}}
-    assert first_blocks(stack, thinking={"type": "adaptive"}, **effort)[0] == "thinking"
+    adaptive = first_blocks(stack, thinking={"type": "adaptive"}, temperature=0, **effort)
+    assert adaptive[0] == "thinking"
     # As Anthropic's: an effort alone (Claude Code sends one on every turn) opens no thinking.
     assert "thinking" not in first_blocks(stack, **effort)
     assert "thinking" not in first_blocks(stack, thinking={"type": "disabled"}, **effort)
