@@ -162,8 +162,11 @@ def test_claude_codes_request_shape_with_thinking_omitted(stack: Stack):
                 "defer_loading": True,
             }
         ],
+        # Greedy (Anthropic's client refuses a temperature beside thinking): sampled, a reply
+        # may begin with end-of-text or </think> and think nothing (tests/e2e/test_reasoning.py).
         "extra_body": {
-            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "temperature": 0,
         },
     }
     shown = claude.messages.create(**request)
