@@ -2,6 +2,7 @@
 
     git apply bench/probes/ttft_hops.patch      # timestamps in the request path (scratch only)
     .venv/bin/python -m bench.probes.ttft_hops --rounds 2 [--model-type '{"serving_processes": 2}']
+        [--engine-args '{"max_num_seqs": 32}']
     git apply -R bench/probes/ttft_hops.patch
 
 The patch makes every process on a request's path append `<request> <stage> <perf_counter>` to
@@ -77,11 +78,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model-type", type=json.loads, default=None, help="settings on top")
+    parser.add_argument("--engine-args", type=json.loads, default={}, help="engine args on top")
     args = parser.parse_args()
     out = PROBE_DIR / "runs"
     shutil.rmtree(PROBE_DIR, ignore_errors=True)
     out.mkdir(parents=True)
-    target = bench_target(None, {}, [32], False)
+    target = bench_target(None, args.engine_args, [32], False)
     with open(STACK_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with serviceai(target, free_port(), out, SERVE_ENV, args.model_type) as ours:
