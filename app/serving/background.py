@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, TypeVar
 
 from app.limits.ticket import Ticket
@@ -35,27 +35,23 @@ class Cancelled(Exception):
     """The client cancelled the background response."""
 
 
-def start(
-    call: ResponsesCall,
-    endpoint: ModelEndpoint,
-    payload: dict,
-    ticket: Ticket,
-    attempts: migration.Attempts,
-) -> None:
-    """Generate the response after the request is answered: on another replica, started
-    over, where its own fails it (app.serving.migration)."""
-    task = asyncio.create_task(_run(call, endpoint, payload, ticket, attempts))
+def start(generation: Coroutine[None, None, None]) -> None:
+    """Run a background response's `generation` after the request is answered, held until it
+    ends."""
+    task = asyncio.create_task(generation)
     _RUNNING.add(task)
     task.add_done_callback(_RUNNING.discard)
 
 
-async def _run(
+async def generate(
     call: ResponsesCall,
     endpoint: ModelEndpoint,
     payload: dict,
     ticket: Ticket,
     attempts: migration.Attempts,
 ) -> None:
+    """Generate the response and store its end: on another replica, started over, where its
+    own fails it (app.serving.migration)."""
     try:
         await call.started()
         async with ticket.charging() as meter:

@@ -620,11 +620,7 @@ def sse_blocks(data: bytes) -> list[tuple[bytes | None, bytes]]:
 
 def sse_events(data: bytes) -> list[bytes]:
     """The `data:` payloads of the server-sent events in `data`."""
-    return [
-        line[6:] if line.startswith(b"data: ") else line[5:]
-        for line in data.split(b"\n")
-        if line.startswith(b"data:")
-    ]
+    return [payload for _, payload in sse_blocks(data)]
 
 
 def first_identity(sent: list[bytes]) -> tuple[str, int]:

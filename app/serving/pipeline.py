@@ -129,7 +129,7 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     attempts = migration.Attempts(request.app.state.migration_attempts)
     if call.background:
         queued = await call.queued(endpoint.name)
-        background.start(call, endpoint, payload, ticket, attempts)
+        background.start(background.generate(call, endpoint, payload, ticket, attempts))
         return Response(queued, media_type="application/json", headers=ticket.headers)
     async with ticket.charging() as meter:
         if call.stream:

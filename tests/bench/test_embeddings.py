@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from bench import embeddings
 from bench.embeddings import ENGINE_SET_BY_NAME, embed_type, table, texts
+from bench.servers import Server
 from deployments.model_type import ModelTypeConfig
 
 
@@ -35,3 +43,27 @@ def test_the_table_compares_each_server_with_bare_at_each_concurrency():
     rows = table(runs, inputs=1).splitlines()
     assert "| 1 | ServiceAi | 55.0 | 1100 | 1.0 | 2.0 | 0.50x |" in rows
     assert "| 32 | ServiceAi | 190.0 | 3800 | 1.0 | 2.0 | 0.95x |" in rows
+
+
+def test_a_dropped_connection_is_tried_again_and_counted(monkeypatch: pytest.MonkeyPatch):
+    """Bare vLLM once dropped a kept-alive connection at c=32 and the run stopped there."""
+    calls = 0
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise httpx.ReadError("connection reset", request=request)
+        count = len(json.loads(request.content)["input"])
+        data = [{"index": i, "embedding": [0.0]} for i in range(count)]
+        return httpx.Response(200, json={"data": data, "usage": {"prompt_tokens": count}})
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(
+        embeddings.httpx,
+        "AsyncClient",
+        lambda **kwargs: real(transport=httpx.MockTransport(answer), **kwargs),
+    )
+    server = Server("bare vLLM", "http://bare", "unused", "m")
+    result = asyncio.run(embeddings.load(server, concurrency=1, requests=5, inputs=2, seed=0))
+    assert result["retried"] == 1 and calls == embeddings.WARMUP + 5 + 1
