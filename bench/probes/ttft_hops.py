@@ -9,8 +9,8 @@ The patch makes every process on a request's path append `<request> <stage> <per
 /tmp/probe/t-<pid>.txt (perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process),
 and the model replica log each time its event loop wakes a 1 ms timer more than 2 ms late. This
 runs the service as `make bench` does (the tiny model, ServiceAi-Fast alone) under `vllm bench
-serve` chat 64/64 at c=32, then prints the median of each hop and how late the replica's loop
-ran. Never commit the patch applied: it writes a line per hop per request.
+serve` chat 64/64 at c=32 (or --concurrency), then prints the median of each hop and how late
+the replica's loop ran. Never commit the patch applied: it writes a line per hop per request.
 """
 
 from __future__ import annotations
@@ -79,17 +79,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model-type", type=json.loads, default=None, help="settings on top")
     parser.add_argument("--engine-args", type=json.loads, default={}, help="engine args on top")
+    parser.add_argument("--concurrency", type=int, default=32, help="requests: ten times as many")
     args = parser.parse_args()
     out = PROBE_DIR / "runs"
     shutil.rmtree(PROBE_DIR, ignore_errors=True)
     out.mkdir(parents=True)
-    target = bench_target(None, args.engine_args, [32], False)
+    target = bench_target(None, args.engine_args, [args.concurrency], False)
+    c = args.concurrency
     with open(STACK_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with serviceai(target, free_port(), out, SERVE_ENV, args.model_type) as ours:
             for round_ in range(args.rounds):
                 result = vllm_bench(
-                    ours, target.model_path(), 32, 320, 64, 64, out / f"{round_}.json"
+                    ours, target.model_path(), c, 10 * c, 64, 64, out / f"{round_}.json"
                 )
                 print(
                     f"round {round_}: TTFT p50 {result['median_ttft_ms']:.1f} ms, ITL p99 "
