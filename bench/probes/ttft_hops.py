@@ -60,6 +60,9 @@ def read() -> tuple[list[dict[str, float]], list[tuple[float, float]]]:
 
 
 def report(complete: list[dict[str, float]], late: list[tuple[float, float]]) -> None:
+    if not complete:
+        print("no request timed: `git apply bench/probes/ttft_hops.patch` first")
+        return
     print(f"{len(complete)} requests timed at every hop")
     for hop, what in HOPS.items():
         ms = sorted(1000 * (s[hop[1]] - s[hop[0]]) for s in complete)
