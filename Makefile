@@ -89,9 +89,10 @@ bench-ray-llm: install
 bench-affinity: install
 	$(BIN)/python -m bench.prefix_affinity
 
-# Embeddings per second through ServiceAi-Embed against bare vLLM on the same model (~10 min).
+# Embeddings per second through ServiceAi-Embed against bare vLLM and both modes of Ray Serve
+# LLM on the same model (~12 min).
 bench-embeddings: install
-	$(BIN)/python -m bench.embeddings
+	$(BIN)/python -m bench.embeddings --ray-llm --rounds 2
 
 # Chat over 0, 1, 4 and 16 LoRA adapters through ServiceAi-Fast against bare vLLM (~10 min).
 bench-adapters: install

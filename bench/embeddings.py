@@ -1,12 +1,14 @@
 """Embeddings through the service against bare vLLM on the same model (`make bench-embeddings`).
 
-One run, the two servers in turn, each alone on the machine: bare `vllm serve --runner pooling`
+One run, the servers in turn, each alone on the machine: bare `vllm serve --runner pooling`
 and this service's ServiceAi-Embed (`serve run` of the local profile with that type alone, a
-plan that never refuses), on the generated embedding model with the local profile's engine
-arguments. At each concurrency, clients send POST /v1/embeddings back to back, each request
+plan that never refuses), with `--ray-llm` also Ray Serve LLM in both its modes (its default
+ingress, and direct streaming: HAProxy straight into the replica that runs vLLM's own app, the
+least a Serve deployment puts on a request's path), on the generated embedding model with the
+local profile's engine arguments. At each concurrency, clients send POST /v1/embeddings back to back, each request
 `--inputs` texts of ~24 tokens (distinct: no cache helps); per server the embeddings per
 second, the input tokens per second (the servers' own `usage`) and the latency p50/p99, in
-`--rounds` rounds that alternate the servers (this machine's speed drifts between minutes).
+`--rounds` rounds that rotate the servers' order (this machine's speed drifts between minutes).
 Results: bench/results/<stamp>-embeddings.json and a table on stdout (bench/NOTES.md).
 """
 
@@ -20,7 +22,9 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +32,17 @@ import httpx
 import yaml
 
 from bench.priority import percentiles
-from bench.run import RESULTS, STACK_LOCK
+from bench.run import RAY_LLM_MODES, RESULTS, STACK_LOCK
 from bench.servers import (
     BENCH_LIMITS,
     PROJECT_ROOT,
     SERVE_CONFIG,
+    BenchTarget,
     Server,
     engine_cli_args,
     free_port,
     local_service,
+    ray_serve_llm,
     stop_servers_on_sigterm,
     vllm_command,
     vllm_server,
@@ -76,6 +82,23 @@ def bare_vllm(
     flags = ["--runner", "pooling", *engine_cli_args(engine_args)]
     command = vllm_command(model, EMBED, port, flags)
     return vllm_server(command, port, log_dir / "bare-vllm-embed.log", embeddings=True)
+
+
+def ray_llm(
+    model: str, engine_args: dict[str, Any], log_dir: Path, direct: bool
+) -> AbstractContextManager[Server]:
+    """Ray Serve LLM serving the embedding model (`direct`: its direct streaming mode)."""
+    target = BenchTarget(model=model, engine_args={**engine_args, "runner": "pooling"})
+    ongoing = ModelTypeConfig.model_validate(embed_type()).max_ongoing_requests
+    return ray_serve_llm(
+        target,
+        free_port(),
+        log_dir,
+        direct,
+        model_id=EMBED,
+        embeddings=True,
+        max_ongoing_requests=ongoing,
+    )
 
 
 def serviceai(log_dir: Path) -> AbstractContextManager[Server]:
@@ -165,6 +188,11 @@ def main() -> None:
     parser.add_argument(
         "--scale", type=float, default=1.0, help="times the default number of requests"
     )
+    parser.add_argument(
+        "--ray-llm",
+        action="store_true",
+        help="also measure Ray Serve LLM (default and direct streaming) on the same model",
+    )
     args = parser.parse_args()
     config = ModelTypeConfig.model_validate(embed_type())
     model = str(generated_model(config.resolved_model()) or config.model)
@@ -172,10 +200,18 @@ def main() -> None:
         k: v for k, v in config.engine_kwargs(model).items() if k not in ENGINE_SET_BY_NAME
     }
     log_dir = Path(tempfile.mkdtemp(prefix="sai-embed-"))
+    contenders: dict[str, Callable[[], AbstractContextManager[Server]]] = {
+        "bare vLLM": partial(bare_vllm, model, engine_args, log_dir),
+        "ServiceAi": partial(serviceai, log_dir),
+    }
+    if args.ray_llm:
+        for direct in RAY_LLM_MODES.values():
+            label = "Ray Serve LLM direct" if direct else "Ray Serve LLM"
+            contenders[label] = partial(ray_llm, model, engine_args, log_dir, direct)
     with open(STACK_LOCK, "w") as lock:
         print(f"waiting for {STACK_LOCK} (held while tests or a benchmark run) ...", flush=True)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        runs = measure(model, engine_args, log_dir, args.rounds, args.inputs, args.scale)
+        runs = measure(contenders, args.rounds, args.inputs, args.scale)
     report = table(runs, args.inputs)
     print(report)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -185,15 +221,18 @@ def main() -> None:
 
 
 def measure(
-    model: str, engine_args: dict[str, Any], log_dir: Path, rounds: int, inputs: int, scale: float
+    contenders: dict[str, Callable[[], AbstractContextManager[Server]]],
+    rounds: int,
+    inputs: int,
+    scale: float,
 ) -> dict[str, dict[int, list[dict]]]:
-    """Every round's results, by server and concurrency; the servers alternate first."""
-    runs: dict[str, dict[int, list[dict]]] = {"bare vLLM": {}, "ServiceAi": {}}
+    """Every round's results, by server and concurrency; each round starts one server later."""
+    runs: dict[str, dict[int, list[dict]]] = {name: {} for name in contenders}
+    names = list(contenders)
     for round_ in range(rounds):
-        order = ("bare vLLM", "ServiceAi") if round_ % 2 == 0 else ("ServiceAi", "bare vLLM")
-        for name in order:
-            starting = bare_vllm(model, engine_args, log_dir) if name == "bare vLLM" else None
-            with starting or serviceai(log_dir) as server:
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            with contenders[name]() as server:
                 for concurrency in CONCURRENCIES:
                     requests = max(concurrency, int(REQUESTS[concurrency] * scale))
                     result = asyncio.run(load(server, concurrency, requests, inputs, round_))

@@ -358,19 +358,27 @@ def ray_serve_llm(
     direct: bool,
     replicas: int = 1,
     request_router: str | None = None,
+    model_id: str = BENCH_TYPE,
+    embeddings: bool = False,
+    max_ongoing_requests: int | None = None,
 ) -> Iterator[Server]:
-    """Ray's own `ray.serve.llm` (bench/ray_serve_llm.py) on the same model and engine arguments.
+    """Ray's own `ray.serve.llm` (bench/ray_serve_llm.py) on the same model and engine arguments,
+    serving it as `model_id` (an embedding model with `embeddings`: vLLM's pooling runner in the
+    engine arguments), each replica taking Serve's `max_ongoing_requests` as the service's does
+    (the benchmarked type's unless given).
 
     Default: Ray's defaults (Python proxy, handle streaming from the LLM server to its OpenAI
     ingress). Direct: the LLM server replica is the ingress, behind HAProxy, with Serve's
     throughput-optimized runtime, as in Ray's own fastest configuration.
     """
+    if max_ongoing_requests is None:
+        max_ongoing_requests = service_model_type(target)["max_ongoing_requests"]
     args = {
-        "model_id": BENCH_TYPE,
+        "model_id": model_id,
         "model_dir": target.model_path(),
         "engine_args": target.engine_args,
         "gpu": target.gpu,
-        "max_ongoing_requests": service_model_type(target)["max_ongoing_requests"],
+        "max_ongoing_requests": max_ongoing_requests,
         "num_replicas": replicas,
         "request_router": request_router,
     }
@@ -393,7 +401,9 @@ def ray_serve_llm(
         env.pop("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH")  # ours, not Ray's
         env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
     name = "Ray Serve LLM direct" if direct else "Ray Serve LLM"
-    server = Server(name, f"http://127.0.0.1:{port}", "unused", BENCH_TYPE, ray_tmp)
+    server = Server(
+        name, f"http://127.0.0.1:{port}", "unused", model_id, ray_tmp, embeddings=embeddings
+    )
     log = log_dir / ("ray-serve-llm-direct.log" if direct else "ray-serve-llm.log")
     with _serve_run(server, config, env, log, target.start_timeout_s):
         yield server

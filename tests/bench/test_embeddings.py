@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -67,3 +68,50 @@ def test_a_dropped_connection_is_tried_again_and_counted(monkeypatch: pytest.Mon
     server = Server("bare vLLM", "http://bare", "unused", "m")
     result = asyncio.run(embeddings.load(server, concurrency=1, requests=5, inputs=2, seed=0))
     assert result["retried"] == 1 and calls == embeddings.WARMUP + 5 + 1
+
+
+def test_each_round_starts_one_server_later_and_keeps_every_servers_results(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """With `--ray-llm` four servers share the run: each goes first in its turn, as the
+    machine's speed drifts between minutes."""
+    started: list[str] = []
+
+    def contender(name: str):
+        @contextlib.contextmanager
+        def start():
+            started.append(name)
+            yield name
+
+        return start
+
+    async def load(server, concurrency, requests, inputs, seed):
+        return {"server": server, "concurrency": concurrency, "round": seed}
+
+    monkeypatch.setattr(embeddings, "load", load)
+    names = ["bare vLLM", "ServiceAi", "Ray Serve LLM", "Ray Serve LLM direct"]
+    runs = embeddings.measure({n: contender(n) for n in names}, rounds=3, inputs=1, scale=0.01)
+    assert started[:4] == names and started[4:8] == names[1:] + names[:1]
+    assert started[8] == "Ray Serve LLM" and len(started) == 12
+    for name in names:
+        assert [r["round"] for r in runs[name][1]] == [0, 1, 2]
+        assert {r["server"] for r in runs[name][32]} == {name}
+
+
+def test_ray_serve_llm_serves_the_embedding_model_with_the_pooling_runner(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+):
+    seen = {}
+
+    def ray_serve_llm(target, port, log_dir, direct, **options):
+        seen.update(target=target, direct=direct, **options)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(embeddings, "ray_serve_llm", ray_serve_llm)
+    embeddings.ray_llm("/m", {"max_model_len": 2048}, tmp_path, direct=True)
+    assert seen["target"].engine_args == {"max_model_len": 2048, "runner": "pooling"}
+    assert seen["model_id"] == "ServiceAi-Embed" and seen["embeddings"] and seen["direct"]
+    assert (
+        seen["max_ongoing_requests"]
+        == ModelTypeConfig.model_validate(embed_type()).max_ongoing_requests
+    )
