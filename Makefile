@@ -90,9 +90,11 @@ bench-affinity: install
 	$(BIN)/python -m bench.prefix_affinity
 
 # Embeddings per second through ServiceAi-Embed against bare vLLM and both modes of Ray Serve
-# LLM on the same model (~12 min).
+# LLM on the same model: the local profile's tiny one, then one of a small real embedding
+# model's size (~25 min).
 bench-embeddings: install
 	$(BIN)/python -m bench.embeddings --ray-llm --rounds 2
+	$(BIN)/python -m bench.embeddings --ray-llm --rounds 2 --model embed-small --scale 0.2
 
 # Chat over 0, 1, 4 and 16 LoRA adapters through ServiceAi-Fast against bare vLLM (~10 min).
 bench-adapters: install

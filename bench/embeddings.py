@@ -5,7 +5,8 @@ and this service's ServiceAi-Embed (`serve run` of the local profile with that t
 plan that never refuses), with `--ray-llm` also Ray Serve LLM in both its modes (its default
 ingress, and direct streaming: HAProxy straight into the replica that runs vLLM's own app, the
 least a Serve deployment puts on a request's path), on the generated embedding model with the
-local profile's engine arguments. At each concurrency, clients send POST /v1/embeddings back to back, each request
+local profile's engine arguments (`--model embed-small`: a generated model of a small real
+embedding model's size, whose own time per request is several times the path's; or a path). At each concurrency, clients send POST /v1/embeddings back to back, each request
 `--inputs` texts of ~24 tokens (distinct: no cache helps); per server the embeddings per
 second, the input tokens per second (the servers' own `usage`) and the latency p50/p99, in
 `--rounds` rounds that rotate the servers' order (this machine's speed drifts between minutes).
@@ -47,6 +48,7 @@ from bench.servers import (
     vllm_command,
     vllm_server,
 )
+from deployments import tiny_model
 from deployments.model_type import ModelTypeConfig, generated_model
 
 EMBED = "ServiceAi-Embed"
@@ -101,10 +103,10 @@ def ray_llm(
     )
 
 
-def serviceai(log_dir: Path) -> AbstractContextManager[Server]:
-    """The service as `make run` starts it, with the embedding type alone."""
+def serviceai(log_dir: Path, model: str) -> AbstractContextManager[Server]:
+    """The service as `make run` starts it, with the embedding type alone, on `model`."""
     plan = {**BENCH_LIMITS, "input_tokens_per_request": 10**6}
-    entry = {**embed_type(), "model_env": None}
+    entry = {**embed_type(), "model_env": None, "model": model}
     return local_service(entry, plan, log_dir / "serviceai-embed.log", embeddings=True)
 
 
@@ -189,20 +191,27 @@ def main() -> None:
         "--scale", type=float, default=1.0, help="times the default number of requests"
     )
     parser.add_argument(
+        "--model",
+        default="tiny",
+        metavar="tiny|embed-small|PATH",
+        help="tiny: the local profile's embedding model; embed-small: a generated one of a small "
+        "real embedding model's size (26M parameters); or a model's folder",
+    )
+    parser.add_argument(
         "--ray-llm",
         action="store_true",
         help="also measure Ray Serve LLM (default and direct streaming) on the same model",
     )
     args = parser.parse_args()
     config = ModelTypeConfig.model_validate(embed_type())
-    model = str(generated_model(config.resolved_model()) or config.model)
+    model = embedding_model(args.model, config)
     engine_args = {
         k: v for k, v in config.engine_kwargs(model).items() if k not in ENGINE_SET_BY_NAME
     }
     log_dir = Path(tempfile.mkdtemp(prefix="sai-embed-"))
     contenders: dict[str, Callable[[], AbstractContextManager[Server]]] = {
         "bare vLLM": partial(bare_vllm, model, engine_args, log_dir),
-        "ServiceAi": partial(serviceai, log_dir),
+        "ServiceAi": partial(serviceai, log_dir, model),
     }
     if args.ray_llm:
         for direct in RAY_LLM_MODES.values():
@@ -215,9 +224,24 @@ def main() -> None:
     report = table(runs, args.inputs)
     print(report)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = RESULTS / f"{stamp}-embeddings.json"
-    out.write_text(json.dumps({"inputs": args.inputs, "runs": runs, "table": report}, indent=1))
+    suffix = "" if args.model == "tiny" else f"-{Path(args.model).name}"
+    out = RESULTS / f"{stamp}-embeddings{suffix}.json"
+    result = {"model": args.model, "inputs": args.inputs, "runs": runs, "table": report}
+    out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out.relative_to(PROJECT_ROOT)} (logs in {log_dir})")
+
+
+def embedding_model(name: str, config: ModelTypeConfig) -> str:
+    """The folder (or id) of the model `--model` names; a generated one is made here once."""
+    if name == "tiny":
+        return str(generated_model(config.resolved_model()) or config.model)
+    if name == "embed-small":
+        path = PROJECT_ROOT / "models" / "embed-small"
+        if not (path / tiny_model.MARKER).exists():
+            tiny_model.generate(path, dims=tiny_model.EMBED_SMALL)
+        return str(path)
+    local = Path(name).expanduser()
+    return str(local.resolve()) if local.exists() else name
 
 
 def measure(

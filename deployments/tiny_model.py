@@ -79,6 +79,17 @@ PREFILL_HEAVY = {
 }
 """Some 3M parameters: on two cores a 1,400-token prefill takes a good part of a TTFT, as a
 real model's does on a GPU (bench/prefix_affinity.py --model prefill-heavy)."""
+EMBED_SMALL = {
+    "hidden_size": 384,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+}
+"""Some 26M parameters, the size of the small embedding models retrieval runs on (384 numbers
+a vector, 12 layers, as bge-small's): a request's own time, not the path's, sets the rate
+(bench/embeddings.py --model embed-small)."""
 
 VARIANTS: dict[str, dict] = {
     "tiny": {},

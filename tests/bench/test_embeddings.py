@@ -115,3 +115,17 @@ def test_ray_serve_llm_serves_the_embedding_model_with_the_pooling_runner(
         seen["max_ongoing_requests"]
         == ModelTypeConfig.model_validate(embed_type()).max_ongoing_requests
     )
+
+
+def test_the_model_is_the_local_profiles_a_generated_small_one_or_a_folder(tmp_path, monkeypatch):
+    config = ModelTypeConfig.model_validate(embed_type())
+    assert embeddings.embedding_model("tiny", config).endswith("/tiny-embed")
+    assert embeddings.embedding_model(str(tmp_path), config) == str(tmp_path.resolve())
+    assert embeddings.embedding_model("org/some-model", config) == "org/some-model"
+    made = []
+    monkeypatch.setattr(embeddings, "PROJECT_ROOT", tmp_path)
+    monkeypatch.setattr(
+        embeddings.tiny_model, "generate", lambda path, dims: made.append((path, dims))
+    )
+    assert embeddings.embedding_model("embed-small", config) == str(tmp_path / "models/embed-small")
+    assert made == [(tmp_path / "models/embed-small", embeddings.tiny_model.EMBED_SMALL)]
