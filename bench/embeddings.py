@@ -4,13 +4,15 @@ One run, the servers in turn, each alone on the machine: bare `vllm serve --runn
 and this service's ServiceAi-Embed (`serve run` of the local profile with that type alone, a
 plan that never refuses), with `--ray-llm` also Ray Serve LLM in both its modes (its default
 ingress, and direct streaming: HAProxy straight into the replica that runs vLLM's own app, the
-least a Serve deployment puts on a request's path), on the generated embedding model with the
-local profile's engine arguments (`--model embed-small`: a generated model of a small real
-embedding model's size, whose own time per request is several times the path's; or a path). At each concurrency, clients send POST /v1/embeddings back to back, each request
-`--inputs` texts of ~24 tokens (distinct: no cache helps); per server the embeddings per
-second, the input tokens per second (the servers' own `usage`) and the latency p50/p99, in
-`--rounds` rounds that rotate the servers' order (this machine's speed drifts between minutes).
-Results: bench/results/<stamp>-embeddings.json and a table on stdout (bench/NOTES.md).
+least a Serve deployment puts on a request's path). The model is the local profile's generated
+embedding model, or with `--model embed-small` a generated one of a small real embedding
+model's size, whose own time per request is several times the path's (or a model's folder),
+with the local profile's engine arguments. At each concurrency, clients send POST
+/v1/embeddings back to back, each request `--inputs` texts of ~24 tokens (distinct: no cache
+helps); per server the embeddings per second, the input tokens per second (the servers' own
+`usage`) and the latency p50/p99, in `--rounds` rounds that rotate the servers' order (this
+machine's speed drifts between minutes). Results: bench/results/<stamp>-embeddings[-model].json
+and a table on stdout (bench/NOTES.md).
 """
 
 from __future__ import annotations
