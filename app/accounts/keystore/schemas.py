@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     SecretStr,
     StringConstraints,
+    field_validator,
 )
 
 from app.accounts.keystore import passwords
@@ -144,6 +145,18 @@ class KeyScopes(BaseModel):
     monthly_tokens: TokenCount | None = Field(
         None, description="Tokens it may use in a UTC calendar month; null: no budget."
     )
+
+    @field_validator("expires_at")
+    @classmethod
+    def _in_utc(cls, value: datetime | None) -> datetime | None:
+        """The moment in UTC, as the key store keeps it: an offset that carries it past the
+        years 1-9999 (0001-01-01T00:00:00+00:01) is refused here, not by the store."""
+        if value is None:
+            return None
+        try:
+            return value.astimezone(dt.UTC)
+        except OverflowError:
+            raise ValueError("the moment in UTC falls outside the years 1-9999") from None
 
 
 class ApiKey(KeyScopes):
