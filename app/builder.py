@@ -19,12 +19,13 @@ from deployments.model_type import ModelTypeConfig
 def build_app(args: dict[str, Any]) -> Application:
     """The ingress application. A bad config fails here, naming the field."""
     config = ServiceConfig.model_validate(args)
-    ingress = Ingress.options(**config.ingress.serve_options())
+    ingress = Ingress.options(**config.ingress_options())
     if not config.deploys_model_types():
         return ingress.bind(config, None)
     for model_type in config.model_types:
         ensure_local_model(model_type)
-    return ingress.bind(config, {m.name: build_model_app(m) for m in config.model_types})
+    deployed = [m for m in config.model_types if not m.in_ingress]
+    return ingress.bind(config, {m.name: build_model_app(m) for m in deployed})
 
 
 def build_model_type(args: dict[str, Any]) -> Application:
@@ -34,5 +35,10 @@ def build_model_type(args: dict[str, Any]) -> Application:
     `separate_model_apps: true` looks it up there.
     """
     config = ModelTypeConfig.model_validate(args)
+    if config.in_ingress:
+        raise ValueError(
+            f"{config.name} is in_ingress: its engine runs in an ingress (app.builder:build_app), "
+            "not as an application of its own"
+        )
     ensure_local_model(config)
     return build_model_type_app(config)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from fastapi import FastAPI
@@ -24,7 +25,8 @@ from app.limits.usage_meter import UsageMeter
 from app.observability.metrics import InFlight
 from app.periodic import PeriodicFlush
 from app.serving.adapters import RegisteredAdapters
-from app.serving.dispatch import ModelEndpoints
+from app.serving.dispatch import ModelEndpoint, ModelEndpoints
+from app.serving.in_process import LocalEndpoint
 from deployments import ray_internals
 from deployments.garbage_collection import collect_less_often
 
@@ -43,13 +45,16 @@ class Ingress:
         ray_internals.check()
         self._settings = settings = get_settings()
         require_shared_secret(settings, config.ingress.most_replicas())
-        if models is None:
-            models = {
-                m.name: await model_type_handle(m.name, config.model_type_app(m.name))
-                for m in config.model_types
-            }
+        endpoints: dict[str, DeploymentHandle | ModelEndpoint] = {}
+        for m in config.model_types:  # in the config's order: /v1/models lists them so
+            if m.in_ingress:
+                endpoints[m.name] = await LocalEndpoint.start(m)
+            elif models is not None:
+                endpoints[m.name] = models[m.name]
+            else:
+                endpoints[m.name] = await model_type_handle(m.name, config.model_type_app(m.name))
         self._router = ModelEndpoints(
-            models,
+            endpoints,
             created=int(time.time()),
             scale_to_zero=config.scale_to_zero_types(),
             feed_min_streams=settings.stream_feed_min_streams,
@@ -116,6 +121,20 @@ class Ingress:
         mount_console(api, settings)
         return api
 
+    async def check_health(self) -> None:
+        """Serve's health check: fails where an engine this replica runs (a type `in_ingress`)
+        died, so that Serve replaces the replica and the engine with it."""
+        await self._router.check_health()
+
+    async def running_requests(self) -> dict[str, int]:
+        """Requests each engine in this replica still holds; tests use it to prove that
+        aborts free the engine."""
+        return {e.name: e.engine.running_requests() for e in self._router.local()}
+
+    async def process_ids(self) -> tuple[int, dict[str, tuple[int, ...]]]:
+        """This replica's pid and its engines' core pids; tests kill them to prove recovery."""
+        return os.getpid(), {e.name: e.engine.core_pids() for e in self._router.local()}
+
     async def _purge_expired(self) -> None:
         purged = await self._responses.purge()
         if purged:
@@ -135,6 +154,8 @@ class Ingress:
         if hasattr(self, "_keys"):
             await self._keys.close()
             await self._keys.store.database.close()
+        if hasattr(self, "_router"):
+            self._router.shutdown()
 
 
 async def model_type_handle(

@@ -94,9 +94,15 @@ def model_line(summary: dict[str, Any]) -> list[str]:
 def processes_table(summary: dict[str, Any], n: int) -> str:
     """The service with one serving process and with `n` (deployments/serving_processes.py),
     each against the bare vLLM runs of its own phase; CPU per output token by process."""
-    r, key = summary["results"], f"ours-p{n}"
+    return variants_table(summary, f"ours-p{n}", "Serving processes")
+
+
+def variants_table(summary: dict[str, Any], key: str, title: str) -> str:
+    """The service as configured ("ours") and as contender `key` (another setup of it), each
+    against the bare vLLM runs of its own phase; CPU per output token by process."""
+    r = summary["results"]
     lines = [
-        f"Serving processes, {summary['date']}: {summary['machine']}",
+        f"{title}, {summary['date']}: {summary['machine']}",
         "",
         "| c | server | tok/s (x bare) | TTFT p50 (x bare) | ITL p99 (x bare) "
         "| front end us/token | by process |",

@@ -57,6 +57,9 @@ SERVING = {"input_len": 64, "output_len": 64, "concurrency": {1: 40, 8: 160, 32:
 GATEWAY = {"input_len": 16, "output_len": 1, "concurrency": {1: 200, 64: 1600}}
 # Ray Serve LLM's two modes (issue 5): name in the results -> direct streaming.
 RAY_LLM_MODES = {"ray-llm": False, "ray-llm-direct": True}
+DEPLOYED = "ours-deployed"
+"""The contender with the type deployed as its own replica (`--deployed`): the local profile's
+ServiceAi-Fast runs its engine in the ingress (in_ingress), production's types are deployed."""
 METRICS = (
     "output_throughput",
     "request_throughput",
@@ -174,6 +177,7 @@ def run_mode(
     cpu: bool = True,
     serving_processes: int = 1,
     apis: tuple[str, ...] = ("chat",),
+    deployed: bool = False,
 ) -> dict[str, Any]:
     """Bare vLLM against this service, then (with `ray_llm`) against each mode of Ray Serve LLM.
 
@@ -198,6 +202,17 @@ def run_mode(
             SERVE_ENV,
             {"serving_processes": serving_processes, "serving_process_cpus": 0.25},
             f"serviceai-p{serving_processes}.log",
+        )
+    if deployed:
+        # The same service with the type deployed, a replica of its own (in_ingress off).
+        contenders[DEPLOYED] = partial(
+            serviceai,
+            target,
+            free_port(),
+            raw,
+            SERVE_ENV,
+            {"in_ingress": False},
+            "serviceai-deployed.log",
         )
     if ray_llm:
         for name, direct in RAY_LLM_MODES.items():
@@ -334,6 +349,12 @@ def parser() -> argparse.ArgumentParser:
         help="also measure the service with N serving processes per engine (its own phase)",
     )
     parser.add_argument(
+        "--deployed",
+        action="store_true",
+        help="also measure the service with the type deployed as a replica of its own "
+        "(in_ingress: false, as production runs every type; its own phase)",
+    )
+    parser.add_argument(
         "--messages",
         action="store_true",
         help="also load Anthropic's Messages API on both servers, beside chat, each round",
@@ -389,6 +410,7 @@ def main() -> None:
         and args.concurrency is None
         and not args.engine_args
         and args.serving_processes == 1
+        and not args.deployed
     )
     SERVE_ENV.update(item.split("=", 1) for item in args.serve_env)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -408,6 +430,7 @@ def main() -> None:
             args.cpu,
             args.serving_processes,
             ("chat", "messages") if args.messages else ("chat",),
+            args.deployed,
         )
     if args.mode == "serving":
         table = report.serving_table(summary)
@@ -423,6 +446,8 @@ def main() -> None:
         extra = ray_table
         if args.serving_processes > 1:
             extra += report.processes_table(summary, args.serving_processes)
+        if args.deployed:
+            extra += report.variants_table(summary, DEPLOYED, "The type deployed")
         if extra:
             print(extra)
     else:

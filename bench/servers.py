@@ -26,7 +26,7 @@ import yaml
 from app.accounts.keystore import open_store
 from app.config.settings import Settings
 from app.serving.ray_runtime import cluster_env, free_port
-from deployments.model_type import TINY_MODEL, ModelTypeConfig, tiny_model_dir
+from deployments.model_type import DEPLOYMENT_ONLY, TINY_MODEL, ModelTypeConfig, tiny_model_dir
 from deployments.tiny_model import ensure
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -106,6 +106,8 @@ def service_model_type(target: BenchTarget) -> dict[str, Any]:
         model_type.pop("tool_call_parser", None)
     if target.gpu:
         model_type["num_gpus_per_shard"] = 1
+        # The GPU node's setup is production's: the type deployed, a replica with the GPU.
+        model_type["in_ingress"] = False
     ongoing = max(model_type.get("max_ongoing_requests", 64), target.max_concurrency)
     max_num_seqs = target.engine_args.get("max_num_seqs")
     if isinstance(max_num_seqs, int):
@@ -131,7 +133,15 @@ def service_config(
     config["http_options"]["port"] = port
     [app] = config["applications"]
     app["args"]["ingress"]["num_replicas"] = ingress_replicas
-    app["args"]["model_types"] = [{**service_model_type(target), **(model_type or {})}]
+    settings = model_type or {}
+    entry = {**service_model_type(target), **settings}
+    if "in_ingress" not in settings and (
+        DEPLOYMENT_ONLY & settings.keys()
+        or settings.get("num_replicas", 1) != 1
+        or ingress_replicas != 1
+    ):
+        entry["in_ingress"] = False  # a setup that asks for a deployment's options gets one
+    app["args"]["model_types"] = [entry]
     # Every request still passes the rate-limit check (its cost is measured), never refused.
     app["args"]["plans"] = plans or {"free": {BENCH_TYPE: BENCH_LIMITS}}
     return config

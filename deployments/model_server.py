@@ -37,27 +37,17 @@ class ModelServer:
     """
 
     async def __init__(self, config: ModelTypeConfig) -> None:
-        from deployments.vllm_engine import vllm_internals
-        from deployments.vllm_engine.engine import VllmEngine
-
         collect_less_often()
         ray_internals.check()
-        vllm_internals.check()
-        model = config.resolved_model()
-        model = str(generated_model(model) or model)
-        logger.info("Starting the engine of %s", config.name)
         self._replica = serve.get_replica_context().replica_id.unique_id
         processes = None
         if config.serving_processes > 1:
-            processes = ServingProcesses(config, model, self._replica)
-        with kept_through_logging_setup():
-            self._engine = await VllmEngine.start(
-                config.name,
-                config.engine_kwargs(model),
-                **engine_options(config),
-                serving_processes=config.serving_processes,
-                start_others=processes.start if processes else None,
-            )
+            processes = ServingProcesses(config, local_model(config), self._replica)
+        self._engine = await start_engine(
+            config,
+            serving_processes=config.serving_processes,
+            start_others=processes.start if processes else None,
+        )
         self._feeds = FeedHub(config.max_ongoing_requests)
         self._serving = EngineServing(self._engine, self._feeds, self._replica)
         self._processes = processes
@@ -161,6 +151,30 @@ class ModelServer:
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
+
+
+def local_model(config: ModelTypeConfig) -> str:
+    """The type's model as this node's engine loads it: a path or a Hugging Face id."""
+    model = config.resolved_model()
+    return str(generated_model(model) or model)
+
+
+async def start_engine(config: ModelTypeConfig, **options: Any) -> Any:
+    """The type's engine and vLLM's serving layer over it (a `VllmEngine`), started in this
+    process: a replica's, or the ingress's for a type `in_ingress`; `options` are
+    `VllmEngine.start`'s beyond the type's own. Returns once the model is loaded."""
+    from deployments.vllm_engine import vllm_internals
+    from deployments.vllm_engine.engine import VllmEngine
+
+    vllm_internals.check()
+    logger.info("Starting the engine of %s", config.name)
+    with kept_through_logging_setup():
+        return await VllmEngine.start(
+            config.name,
+            config.engine_kwargs(local_model(config)),
+            **engine_options(config),
+            **options,
+        )
 
 
 def engine_options(config: ModelTypeConfig) -> dict[str, Any]:

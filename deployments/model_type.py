@@ -60,6 +60,23 @@ _RESERVED_ENGINE_ARGS = frozenset(
 )
 
 
+DEPLOYMENT_ONLY = frozenset(
+    {
+        "serving_processes",
+        "serving_process_cpus",
+        "autoscaling_config",
+        "prefix_affinity",
+        "max_imbalance",
+        "env_vars",
+        "health_check_period_s",
+        "health_check_timeout_s",
+        "graceful_shutdown_timeout_s",
+        "max_surge_percent",
+    }
+)
+"""A type's fields that only a deployment of its own honours: refused with `in_ingress`."""
+
+
 ENGINE_DEFAULTS: dict[str, Any] = {
     # Repeated prefixes (system prompts, agent turns) skip prefill: usage reports cached_tokens.
     "enable_prefix_caching": True,
@@ -170,6 +187,15 @@ class ModelTypeConfig(BaseModel):
     serving_process_cpus: float = Field(
         1.0, gt=0, description="CPUs reserved for each serving process beyond the replica's."
     )
+    in_ingress: bool = Field(
+        False,
+        description="Run the type's engine in the ingress's own process, with no deployment "
+        "of its own (app.serving.in_process): a token then crosses no process between the "
+        "engine core and the client's connection, as in `vllm serve`. One machine's setup: "
+        "one ingress replica, one engine, and no failover; the ingress reserves the type's "
+        "num_cpus and GPU, and is replaced, with every type's requests it serves, when the "
+        "engine dies.",
+    )
     num_replicas: int | None = Field(None, ge=0)
     autoscaling_config: AutoscalingOptions = None
     max_ongoing_requests: int = Field(64, ge=1)
@@ -254,6 +280,15 @@ class ModelTypeConfig(BaseModel):
         names = [adapter.name for adapter in self.adapters]
         if len(set(names)) != len(names):
             raise ValueError(f"adapter names must differ: {names}")
+        if self.in_ingress:
+            for_a_deployment = sorted(DEPLOYMENT_ONLY & self.model_fields_set)
+            if for_a_deployment or self.num_replicas not in (None, 1):
+                raise ValueError(
+                    "in_ingress: the engine runs in the ingress's one replica, with no "
+                    f"deployment of its own; remove {for_a_deployment or ['num_replicas']}"
+                )
+            if self.tensor_parallel_size > 1:
+                raise ValueError("in_ingress serves one engine shard: tensor_parallel_size 1")
         if self.serving_processes > 1 and not self.num_cpus:
             # The replica then has a placement group, whose first bundle may not be empty.
             raise ValueError("serving_processes > 1 needs num_cpus > 0")
@@ -271,6 +306,18 @@ class ModelTypeConfig(BaseModel):
                 f"max_num_seqs ({max_num_seqs})"
             )
         return self
+
+    def ingress_resources(self) -> dict[str, Any]:
+        """What the ingress's replica reserves beside its own for this type's engine, where
+        the engine runs there (`in_ingress`)."""
+        if not self.in_ingress:
+            return {}
+        resources: dict[str, Any] = {"num_cpus": self.num_cpus}
+        if self.num_gpus_per_shard:
+            resources["num_gpus"] = self.num_gpus_per_shard
+        if self.accelerator_type:
+            resources["accelerator_type"] = self.accelerator_type
+        return resources
 
     def adapter_paths(self) -> dict[str, str]:
         """Each adapter's path by the name clients call it (`Type:name`)."""

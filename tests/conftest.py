@@ -45,10 +45,20 @@ def error_of(response, status: int) -> dict:
     return body["error"]
 
 
-def app_args(config_path: Path = SERVE_CONFIG, name: str = APP_NAME) -> dict[str, Any]:
-    """The `args` of application `name` in a serve config file."""
+def app_args(
+    config_path: Path = SERVE_CONFIG, name: str = APP_NAME, deployed: bool = True
+) -> dict[str, Any]:
+    """The `args` of application `name` in a serve config file; with `deployed`, every model
+    type a deployment of its own (`in_ingress` off): the shape the test stack and the tests'
+    variants of a type run, where replicas are killed, counted and multiplied. The local
+    profile's engine in the ingress is tests/e2e/test_in_ingress.py's and test_run_stop.py's."""
     config = yaml.safe_load(config_path.read_text())
-    return next(a for a in config["applications"] if a["name"] == name)["args"]
+    args = next(a for a in config["applications"] if a["name"] == name)["args"]
+    if deployed:
+        for model_type in args["model_types"]:
+            if isinstance(model_type, dict):
+                model_type.pop("in_ingress", None)
+    return args
 
 
 def type_limits(plan: dict[str, Any]) -> dict[str, Any]:

@@ -132,6 +132,36 @@ class ServiceConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _engines_in_one_ingress(self) -> ServiceConfig:
+        local = [m.name for m in self.model_types if m.in_ingress]
+        if not local:
+            return self
+        if not self.deploys_model_types():
+            raise ValueError(
+                f"in_ingress ({', '.join(local)}) runs the engine in this application's "
+                "ingress: not with models_app or separate_model_apps"
+            )
+        ingress = self.ingress
+        if ingress.autoscaling_config is not None or (ingress.num_replicas or 1) != 1:
+            raise ValueError(
+                f"in_ingress ({', '.join(local)}) runs one engine in the ingress's replica: "
+                "the ingress needs num_replicas: 1"
+            )
+        return self
+
+    def ingress_options(self) -> dict[str, Any]:
+        """The ingress deployment's options, with the resources of the engines it runs."""
+        options = self.ingress.serve_options()
+        actor = options["ray_actor_options"]
+        for model_type in self.model_types:
+            for name, value in model_type.ingress_resources().items():
+                if name == "accelerator_type":
+                    actor[name] = value
+                else:
+                    actor[name] = actor.get(name, 0) + value
+        return options
+
+    @model_validator(mode="after")
     def _plans_cover_the_model_types(self) -> ServiceConfig:
         self.plans.check_covers([m.name for m in self.model_types])
         if self.plans.get(DEFAULT_PLAN) is None:

@@ -19,7 +19,6 @@ from app.accounts.keystore import KeyStore
 from app.accounts.keystore.errors import StoreUnavailable
 from app.openai.errors import ApiError
 from app.serving.dispatch import ModelEndpoints
-from deployments.ray_internals import running_replicas
 from deployments.wire import ModelInfo
 
 logger = logging.getLogger("ray.serve")
@@ -127,7 +126,7 @@ async def check_registrable(models: ModelEndpoints, model_type: str, name: str) 
             param="model",
             code="model_not_found",
         )
-    if not running_replicas(models.get(model_type).handle):
+    if not models.get(model_type).running():
         return
     model = await models.get(model_type).info()
     if model.embedding or not model.lora:

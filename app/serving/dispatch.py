@@ -11,7 +11,7 @@ import fnmatch
 import logging
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TypeVar
 
 from ray.exceptions import RayActorError
@@ -106,14 +106,11 @@ class ModelEndpoint:
         """
         passing = {AVOID: avoid} if avoid else {}
         response = self._track(self._streaming.reply.remote(api, body, **passing))
-        pieces: list[bytes] = []
         try:
-            async for part in response:
-                meter.count(part)
-                pieces.append(part.data)  # a large body comes in several parts
-                if part.last:
-                    return part._replace(data=b"".join(pieces))
-            raise EOFError("the reply ended without its body")
+            whole = await joined(response, meter)
+            if whole is None:
+                raise EOFError("the reply ended without its body")
+            return whole
         except BaseException as exc:
             count_failure(exc, meter)
             raise self._failure(response, exc) from None
@@ -148,6 +145,16 @@ class ModelEndpoint:
         waiting.add(response)
         when_assigned(response, lambda: waiting.discard(response))
         return response
+
+    def running(self) -> int | None:
+        """How many replicas of the type run; None while Serve has not said."""
+        return running_replicas(self.handle)
+
+    async def check_health(self) -> None:
+        """Raise where this process's own engine of the type died (app.serving.in_process)."""
+
+    def shutdown(self) -> None:
+        """Stop what this process runs of the type (app.serving.in_process)."""
 
     @property
     def has_waiting(self) -> bool:
@@ -200,14 +207,7 @@ class ModelEndpoint:
                 headers=headers,
             )
         if isinstance(cause, BackPressureError):
-            return ApiError(
-                503,
-                f"{self.name} is at capacity: every replica and its queue are full. "
-                f"Retry in {RETRY_AFTER_OVERLOADED_S} s.",
-                type="server_error",
-                code="model_overloaded",
-                headers={"Retry-After": str(RETRY_AFTER_OVERLOADED_S)},
-            )
+            return overloaded(self.name)
         if isinstance(cause, DeploymentUnavailableError):
             return unavailable(self.name)
         logger.error("Call to %s failed: %r", self.name, cause)
@@ -235,11 +235,34 @@ class ReplicaLost(ApiError):
         self.replica = replica
 
 
+async def joined(parts: AsyncIterator[ReplyPart], meter: Meter) -> ReplyPart | None:
+    """A whole reply's last part with the body its parts carry, each part counted on `meter`;
+    None where the parts end without it."""
+    pieces: list[bytes] = []
+    async for part in parts:
+        meter.count(part)
+        pieces.append(part.data)  # a large body comes in several parts
+        if part.last:
+            return part._replace(data=b"".join(pieces))
+    return None
+
+
 def count_failure(exc: BaseException, meter: Meter) -> None:
     """What the engine processed before a call failed, where the failure declares it."""
     cause = getattr(exc, "cause", None) or exc
     if isinstance(cause, GenerationError):
         meter.count(cause)
+
+
+def overloaded(name: str) -> ApiError:
+    return ApiError(
+        503,
+        f"{name} is at capacity: every replica and its queue are full. "
+        f"Retry in {RETRY_AFTER_OVERLOADED_S} s.",
+        type="server_error",
+        code="model_overloaded",
+        headers={"Retry-After": str(RETRY_AFTER_OVERLOADED_S)},
+    )
 
 
 def unavailable(name: str) -> ApiError:
@@ -258,7 +281,7 @@ class ModelEndpoints:
 
     def __init__(
         self,
-        handles: Mapping[str, DeploymentHandle],
+        handles: Mapping[str, DeploymentHandle | ModelEndpoint],
         created: int,
         scale_to_zero: frozenset[str] | None = frozenset(),
         feed_min_streams: int = 0,
@@ -266,11 +289,13 @@ class ModelEndpoints:
     ) -> None:
         """`scale_to_zero`: the types the config says scale to zero, or None where the config
         does not describe them (another application deploys them); Serve's word comes first.
-        `aliases`: other names (or shell-style patterns) for the types, in order."""
+        `aliases`: other names (or shell-style patterns) for the types, in order. A type
+        given as an endpoint is served by it (app.serving.in_process)."""
         self.created = created
         self._aliases = dict(aliases or {})
         self._endpoints = {
-            name: ModelEndpoint(name, h, feed_min_streams) for name, h in handles.items()
+            name: h if isinstance(h, ModelEndpoint) else ModelEndpoint(name, h, feed_min_streams)
+            for name, h in handles.items()
         }
         self._scale_to_zero = scale_to_zero
         self._has_served: set[str] = set()
@@ -313,7 +338,7 @@ class ModelEndpoints:
         has not heard the replicas or the config of its type.
         """
         endpoint = self.get(model)
-        count = running_replicas(endpoint.handle)
+        count = endpoint.running()
         if count == 0 and self._scales_to_zero(endpoint.name) is False:
             raise unavailable(endpoint.name)
         if count:
@@ -331,7 +356,7 @@ class ModelEndpoints:
     async def max_model_len(self, model: str) -> int | None:
         """The context length of a model type; None while it has no replica to ask."""
         endpoint = self.get(model)
-        if running_replicas(endpoint.handle) == 0:
+        if endpoint.running() == 0:
             return None
         try:
             return (await endpoint.info()).max_model_len
@@ -341,7 +366,7 @@ class ModelEndpoints:
     async def adapters(self, model: str) -> tuple[str, ...]:
         """A model type's LoRA adapters (`Type:adapter`); none while it has no replica."""
         endpoint = self.get(model)
-        if running_replicas(endpoint.handle) == 0:
+        if endpoint.running() == 0:
             return ()
         try:
             return (await endpoint.info()).adapters
@@ -352,7 +377,7 @@ class ModelEndpoints:
         """Refuse the calls waiting for a replica of a type that has none left and does not
         start one for a request (ModelEndpoint.refuse_waiting)."""
         for name, endpoint in self._endpoints.items():
-            if not endpoint.has_waiting or running_replicas(endpoint.handle) != 0:
+            if not endpoint.has_waiting or endpoint.running() != 0:
                 continue
             if self._scales_to_zero(name) is False:
                 refused = endpoint.refuse_waiting()
@@ -366,6 +391,19 @@ class ModelEndpoints:
             except Exception as exc:  # a bug here must not stop the next rounds
                 logger.error("Checking for requests without a replica failed: %r", exc)
 
+    async def check_health(self) -> None:
+        """Raise where an engine this process runs died (app.serving.in_process)."""
+        for endpoint in self._endpoints.values():
+            await endpoint.check_health()
+
+    def local(self) -> list[ModelEndpoint]:
+        """The endpoints whose engine runs in this process (app.serving.in_process)."""
+        return [e for e in self._endpoints.values() if e.handle is None]
+
+    def shutdown(self) -> None:
+        for endpoint in self._endpoints.values():
+            endpoint.shutdown()
+
     def readiness(self) -> dict[str, str]:
         """Per type: 'ready' (a replica runs, or it scales to zero and starts on demand),
         'pending' (no replica has run yet: its first one waits for a node that has the
@@ -373,7 +411,7 @@ class ModelEndpoints:
         left), or 'unknown' (the router has not heard from Serve yet)."""
         states = {}
         for name, endpoint in self._endpoints.items():
-            count = running_replicas(endpoint.handle)
+            count = endpoint.running()
             # A replica runs, or a request would start one; None: Serve has not said yet.
             serves = None if count is None else count > 0 or self._scales_to_zero(name)
             if serves is None:

@@ -39,7 +39,6 @@ from ray.util.metrics import Counter
 from app.limits.ticket import Meter
 from app.openai.errors import ApiError
 from app.serving.dispatch import ModelEndpoint, PartStream, ReplicaLost
-from deployments.ray_internals import running_replicas
 from deployments.wire import ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")
@@ -81,7 +80,7 @@ class Attempts:
         where the type runs no replica but those that failed it (a type of one replica whose
         engine died: Serve replaces it, and the client hears so rather than wait)."""
         avoid = self.avoid if lost.replica is None else (*self.avoid, lost.replica)
-        running = running_replicas(endpoint.handle)
+        running = endpoint.running()
         if self.left <= 0 or (running is not None and running <= len(avoid)):
             return False
         self.left -= 1

@@ -252,9 +252,9 @@ def test_scale_to_zero_only_where_the_guide_states_the_cold_start(production):
 
 def test_local_profile_still_builds_one_application():
     built = build_serve_config(LOCAL_SERVE_CONFIG)
+    # ServiceAi-Fast's engine runs in the ingress (in_ingress): no deployment of its own.
     assert {(d.app, d.name) for d in built} == {
         ("serviceai", "Ingress"),
-        ("serviceai", "ServiceAi-Fast"),
         ("serviceai", "ServiceAi-Pro"),
         ("serviceai", "ServiceAi-Coder"),
         ("serviceai", "ServiceAi-Embed"),

@@ -6,8 +6,9 @@ after the spawned child has imported vLLM, seconds after the process exists.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -28,6 +29,22 @@ def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float =
             return value
         time.sleep(interval_s)
     raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+def flowing_streams(
+    streams: contextlib.ExitStack, http: httpx.Client, path: str, body: dict, count: int = 2
+) -> list[Iterator[str]]:
+    """`count` streams of `body` on `path`, each open in `streams` and five lines in: their
+    line readers."""
+    responses = [streams.enter_context(http.stream("POST", path, json=body)) for _ in range(count)]
+    readers = []
+    for response in responses:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for _ in range(5):
+            next(lines)
+        readers.append(lines)
+    return readers
 
 
 def serves(http: httpx.Client, model: str) -> bool:

@@ -35,10 +35,10 @@ def process_ids(stack: Stack) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     return handle(stack).process_ids.remote().result(timeout_s=30)
 
 
-async def every_api(base: str, key: str) -> list[tuple[str, int, int]]:
+async def every_api(base: str, key: str, model: str = MODEL) -> list[tuple[str, int, int]]:
     """One request of each API, whole and streamed, all at once: (what, prompt, completion)."""
     auth = {"Authorization": f"Bearer {key}"}
-    ask = {"model": MODEL, "max_tokens": 12, "ignore_eos": True}
+    ask = {"model": model, "max_tokens": 12, "ignore_eos": True}
     async with httpx.AsyncClient(base_url=base, headers=auth, timeout=120) as client:
 
         async def whole(path: str, body: dict) -> tuple[str, int, int]:
@@ -76,8 +76,8 @@ async def every_api(base: str, key: str) -> list[tuple[str, int, int]]:
 
         chat = {**ask, "messages": HI, "stream_options": {"include_usage": True}}
         completion = {**ask, "prompt": "hi", "stream_options": {"include_usage": True}}
-        responses = {"model": MODEL, "input": "hi", "max_output_tokens": 12}
-        messages = {"model": MODEL, "max_tokens": 12, "messages": HI}
+        responses = {"model": model, "input": "hi", "max_output_tokens": 12}
+        messages = {"model": model, "max_tokens": 12, "messages": HI}
         calls = []
         for _ in range(2):
             calls += [

@@ -13,7 +13,7 @@ from ray import serve
 
 from app.builder import build_app
 from tests.conftest import app_args
-from tests.e2e.processes import gone, serves, serving_replica, wait_until
+from tests.e2e.processes import flowing_streams, gone, serves, serving_replica, wait_until
 
 LONG = {
     "messages": [{"role": "user", "content": "Tell me a long story"}],
@@ -41,21 +41,9 @@ def test_engine_death_mid_stream_ends_the_stream_with_an_error_then_recovers(sta
     replica = processes.replica
     # Step 1: two streams flowing on Coder when its engine process is killed.
     with contextlib.ExitStack() as streams:
-        responses = [
-            streams.enter_context(
-                http.stream(
-                    "POST", "/v1/chat/completions", json={"model": "ServiceAi-Coder", **LONG}
-                )
-            )
-            for _ in range(2)
-        ]
-        readers = []
-        for response in responses:
-            assert response.status_code == 200
-            lines = response.iter_lines()
-            for _ in range(5):
-                next(lines)
-            readers.append(lines)
+        readers = flowing_streams(
+            streams, http, "/v1/chat/completions", {"model": "ServiceAi-Coder", **LONG}
+        )
         started = time.monotonic()
         for core in processes.engine_cores:
             core.kill()

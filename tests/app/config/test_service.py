@@ -7,6 +7,9 @@ from tests.conftest import app_args
 
 
 def test_shipped_local_config_is_valid():
+    shipped = ServiceConfig.model_validate(app_args(deployed=False))
+    # `make run`'s fast type runs its engine in the ingress (app.serving.in_process).
+    assert [m.name for m in shipped.model_types if m.in_ingress] == ["ServiceAi-Fast"]
     config = ServiceConfig.model_validate(app_args())
     assert [m.name for m in config.model_types] == [
         "ServiceAi-Fast",
@@ -199,3 +202,43 @@ def test_a_plan_names_its_priority_beside_its_limits():
         with pytest.raises(ValidationError) as info:
             ServiceConfig.model_validate(args)
         assert "a plan's priority is a whole number from 0 (first) to 1000" in str(info.value)
+
+
+def in_ingress_args(**ingress) -> dict:
+    args = app_args()
+    args["model_types"][0]["in_ingress"] = True
+    args["ingress"].update(ingress)
+    return args
+
+
+def test_a_type_in_the_ingress_has_no_deployment_and_the_ingress_reserves_its_cpus():
+    args = in_ingress_args()
+    ingress = build_app(args)._bound_deployment
+    assert sorted(ingress.init_args[1]) == ["ServiceAi-Coder", "ServiceAi-Embed", "ServiceAi-Pro"]
+    fast = args["model_types"][0]
+    assert ingress.ray_actor_options["num_cpus"] == args["ingress"]["num_cpus"] + fast["num_cpus"]
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        ({"ingress": {"num_replicas": 2}}, "the ingress needs num_replicas: 1"),
+        ({"separate_model_apps": True}, "not with models_app or separate_model_apps"),
+        ({"fast": {"serving_processes": 2}}, r"remove \['serving_processes'\]"),
+        ({"fast": {"autoscaling_config": {"min_replicas": 1}}}, "autoscaling_config"),
+        ({"fast": {"num_replicas": 2}}, "num_replicas"),
+    ],
+)
+def test_a_type_in_the_ingress_refuses_what_only_a_deployment_honours(change, refused):
+    args = in_ingress_args(**change.get("ingress", {}))
+    args["model_types"][0].pop("num_replicas", None)
+    args["model_types"][0].update(change.get("fast", {}))
+    args.update({k: v for k, v in change.items() if k not in ("ingress", "fast")})
+    with pytest.raises(ValidationError, match=refused):
+        ServiceConfig.model_validate(args)
+
+
+def test_a_type_in_the_ingress_is_no_application_of_its_own():
+    entry = {**app_args()["model_types"][0], "in_ingress": True}
+    with pytest.raises(ValueError, match="in_ingress"):
+        build_model_type(entry)

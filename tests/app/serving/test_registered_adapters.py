@@ -16,7 +16,6 @@ from app.accounts.keystore.errors import AdapterExists, AdapterNotFound, StoreUn
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
 from app.openai.errors import ApiError
-from app.serving import adapters as adapters_module
 from app.serving.adapters import RegisteredAdapters, adapter_path, check_registrable
 from app.serving.dispatch import ModelEndpoints
 from deployments.wire import ModelInfo
@@ -109,13 +108,13 @@ async def test_a_request_for_an_adapter_gets_its_path_a_404_or_a_503(store):
         (ModelInfo("T", 64, embedding=True), 400, "model_not_supported"),
     ],
 )
-async def test_registration_asks_the_types_running_replicas(monkeypatch, info, status, code):
+async def test_registration_asks_the_types_running_replicas(info, status, code):
     async def model_info():
         return info
 
-    endpoint = SimpleNamespace(handle=None, info=model_info)
+    replicas = [1]
+    endpoint = SimpleNamespace(handle=None, info=model_info, running=lambda: replicas[0])
     models = SimpleNamespace(names=["T"], get=lambda name: endpoint)
-    monkeypatch.setattr(adapters_module, "running_replicas", lambda handle: 1)
     if status is None:
         await check_registrable(models, "T", "beta")
         with pytest.raises(ApiError) as taken:
@@ -125,7 +124,7 @@ async def test_registration_asks_the_types_running_replicas(monkeypatch, info, s
     with pytest.raises(ApiError) as refused:
         await check_registrable(models, "T", "beta")
     assert (refused.value.status, refused.value.code) == (status, code)
-    monkeypatch.setattr(adapters_module, "running_replicas", lambda handle: 0)
+    replicas[0] = 0
     await check_registrable(models, "T", "beta")  # no replica to ask: taken at its word
 
 
