@@ -18,10 +18,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from app.limits.ticket import Meter
-from app.serving.dispatch import ModelEndpoint, count_failure, joined, overloaded
+from app.openai.errors import ApiError
+from app.serving.dispatch import ModelEndpoint, ReplicaLost, count_failure, joined, overloaded
 from deployments.model_server import start_engine
 from deployments.model_type import ModelTypeConfig
 from deployments.wire import EngineFailed, ModelInfo, ReplyPart
+
+ENGINE = "the ingress's engine"
+"""What a failure of a type's engine in the ingress names as its replica."""
 
 
 class LocalParts:
@@ -74,6 +78,14 @@ class LocalEndpoint(ModelEndpoint):
 
     def running(self) -> int | None:
         return 0 if self.engine.errored() else 1
+
+    def error(self, exc: BaseException) -> ApiError:
+        """As a deployed type's, naming this one engine where its failure names no replica:
+        a request it failed has nowhere else to go on (app.serving.migration)."""
+        error = super().error(exc)
+        if isinstance(error, ReplicaLost) and error.replica is None:
+            error.replica = ENGINE
+        return error
 
     def _hold(self) -> None:
         """Take one of the requests the type may hold, as Serve's queue bound would."""

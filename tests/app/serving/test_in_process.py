@@ -10,6 +10,7 @@ from app.limits.ticket import Meter
 from app.openai.errors import ApiError
 from app.serving.dispatch import ModelEndpoints
 from app.serving.in_process import LocalEndpoint
+from app.serving.migration import Attempts
 from deployments.model_type import ModelTypeConfig
 from deployments.wire import EngineFailed, InvalidGenerationRequest, ReplyPart
 
@@ -126,3 +127,12 @@ async def test_a_dead_engine_makes_the_type_unavailable():
         endpoints.resolve("ServiceAi-Fast")
     assert (unavailable.value.status, unavailable.value.code) == (503, "model_unavailable")
     assert endpoints.local() == [endpoint]
+
+
+async def test_a_request_its_engine_failed_has_nowhere_else_to_go_on():
+    endpoint = local(FakeEngine(fail=EngineFailed("dropped the request")))
+    with pytest.raises(ApiError) as failed:
+        await endpoint.open_stream("chat", {}, meter())
+    assert (failed.value.status, failed.value.code) == (503, "model_unavailable")
+    assert not Attempts(2).take(failed.value, endpoint)  # one engine, and it failed it
+    assert not Attempts(2).take(endpoint.error(EOFError("cut short")), endpoint)
