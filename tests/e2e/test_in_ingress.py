@@ -1,9 +1,10 @@
-"""A model type whose engine runs in the ingress's process (`in_ingress`, app.serving.in_process):
-every API whole and streamed and charged once, a client that leaves frees the engine, and the
-engine's death ends every open stream and gets the ingress replaced.
+"""Model types whose engine runs in the ingress's process (`in_ingress`, app.serving.in_process):
+every API whole and streamed and charged once, embeddings from a second engine in the same
+ingress, a client that leaves frees the engine, and an engine's death ends every open stream and
+gets the ingress replaced, its other engine with it.
 
-On the test stack as a second application (`/local`), the local profile's ServiceAi-Fast with
-`in_ingress: true`, over the stack's key store.
+On the test stack as a second application (`/local`): the local profile's ServiceAi-Fast and
+ServiceAi-Embed with `in_ingress: true`, over the stack's key store.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tests.e2e.test_serving_processes import every_api
 
 APP = "local"
 MODEL = "ServiceAi-Fast"
+EMBED = "ServiceAi-Embed"
 HI = [{"role": "user", "content": "hi"}]
 LONG = {"model": MODEL, "messages": HI, "max_tokens": 1500, "ignore_eos": True, "stream": True}
 START_S = 240
@@ -47,23 +49,22 @@ def serves(http: httpx.Client) -> bool:
     return response.status_code == 200
 
 
-def processes() -> tuple[int, tuple[int, ...]]:
-    """The ingress replica's pid and its engine cores' pids, once it serves."""
-    pid, cores = ingress().process_ids.remote().result(timeout_s=30)
-    return pid, cores[MODEL]
+def processes() -> tuple[int, dict[str, tuple[int, ...]]]:
+    """The ingress replica's pid and its engines' core pids by type."""
+    return ingress().process_ids.remote().result(timeout_s=30)
 
 
 @pytest.fixture(scope="module")
 def local(stack: Stack, http: httpx.Client) -> str:
     """The application's base URL; deleted, engine and all, after the module."""
     args = app_args()
-    fast = next(m for m in args["model_types"] if m["name"] == MODEL)
-    args["model_types"] = [{**fast, "in_ingress": True}]
+    chosen = [m for m in args["model_types"] if m["name"] in (MODEL, EMBED)]
+    args["model_types"] = [{**m, "in_ingress": True} for m in chosen]
     serve.run(build_app(args), name=APP, route_prefix=f"/{APP}", blocking=False)
     try:
         wait_until(lambda: serves(http), timeout_s=START_S, interval_s=1)
         status = serve.status().applications[APP]
-        assert set(status.deployments) == {"Ingress"}  # no deployment of its own for the type
+        assert set(status.deployments) == {"Ingress"}  # no deployment of its own for a type
         yield f"{stack.origin}/{APP}"
     finally:
         serve.delete(APP)
@@ -84,14 +85,33 @@ def test_every_api_whole_and_streamed_is_served_in_the_ingress_and_charged_once(
     assert usage["models"] == [MODEL]
 
 
+def test_embeddings_from_a_second_engine_in_the_same_ingress_are_charged_once(
+    stack: Stack, local: str
+):
+    _, key = new_user(stack, plan="pro")
+    response = httpx.post(
+        f"{local}/v1/embeddings",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": EMBED, "input": ["one", "two three"]},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    assert len({len(d["embedding"]) for d in body["data"]}) == 1
+    usage = usage_of(f"{local}/v1", key, expected_requests=1)
+    assert (usage["requests"], usage["prompt_tokens"]) == (1, body["usage"]["prompt_tokens"])
+    assert usage["models"] == [EMBED]
+
+
 def test_a_client_that_leaves_frees_the_engine(stack: Stack, local: str, http: httpx.Client):
     with http.stream("POST", f"/{APP}/v1/chat/completions", json=LONG) as response:
         lines = response.iter_lines()
         for _ in range(10):
             next(lines)
-        assert ingress().running_requests.remote().result(timeout_s=30) == {MODEL: 1}
+        assert ingress().running_requests.remote().result(timeout_s=30)[MODEL] == 1
     wait_until(
-        lambda: ingress().running_requests.remote().result(timeout_s=30) == {MODEL: 0},
+        lambda: ingress().running_requests.remote().result(timeout_s=30) == {MODEL: 0, EMBED: 0},
         timeout_s=10,
     )
 
@@ -99,8 +119,9 @@ def test_a_client_that_leaves_frees_the_engine(stack: Stack, local: str, http: h
 def test_the_engine_killed_mid_stream_ends_every_stream_and_the_ingress_is_replaced(
     stack: Stack, local: str, http: httpx.Client
 ):
-    old, cores = processes()
-    assert cores
+    old, engines = processes()
+    cores = engines[MODEL]
+    assert cores and engines[EMBED]
     with contextlib.ExitStack() as streams:
         readers = flowing_streams(streams, http, f"/{APP}/v1/chat/completions", LONG)
         killed = time.monotonic()
@@ -120,7 +141,8 @@ def test_the_engine_killed_mid_stream_ends_every_stream_and_the_ingress_is_repla
         assert refused.status_code in (502, 503), refused.text
     wait_until(lambda: gone(old), timeout_s=START_S, interval_s=1)
     wait_until(lambda: serves(http), timeout_s=START_S, interval_s=1)
-    new, new_cores = processes()
-    assert new != old and new_cores
-    assert all(gone(core) for core in cores)
+    new, new_engines = processes()
+    assert new != old and new_engines[MODEL] and new_engines[EMBED]
+    # The old ingress took its other engine with it: nothing of it is left.
+    wait_until(lambda: all(gone(c) for c in cores + engines[EMBED]), timeout_s=30)
     assert psutil.pid_exists(new)
