@@ -200,7 +200,7 @@ def run_mode(
             free_port(),
             raw,
             SERVE_ENV,
-            {"serving_processes": serving_processes, "serving_process_cpus": 0.25},
+            {"serving_processes": serving_processes},
             f"serviceai-p{serving_processes}.log",
         )
     if deployed:

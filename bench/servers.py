@@ -515,15 +515,17 @@ def _replica_pids_once(server: Server) -> tuple[dict[str, int], tuple[str, int, 
             continue
         if cmdline.startswith("ray::ServeReplica:"):
             engines = [c for c in _descendants(proc.pid) if _is_engine_core(c)]
+            if not engines and ":ServiceAi-" in cmdline:
+                # A type's further serving process: a replica of its gang without the engine
+                # core, which rank 0 launched (deployments/serving_processes.py).
+                found[f"serving_{sum(r.startswith('serving_') for r in found) + 1}"] = proc.pid
+                continue
             role = "model" if engines else "ingress"
             if role in found:
                 return found, (role, found[role], proc.pid)
             found[role] = proc.pid
             if engines:
                 found["engine_core"] = engines[0].pid
-        elif cmdline.startswith("ray::ServingProcess"):
-            # A model replica's further serving processes (deployments/serving_processes.py).
-            found[f"serving_{sum(r.startswith('serving_') for r in found) + 1}"] = proc.pid
         elif cmdline.startswith("ray::ProxyActor"):
             found["proxy"] = proc.pid
         elif cmdline.startswith("ray::HAProxyManager"):

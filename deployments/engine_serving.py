@@ -1,7 +1,7 @@
 """What a process holding an engine client serves: streams, feeds and whole replies.
 
-The model replica (deployments.model_server) serves this way, and so does each of its serving
-processes (deployments.serving_processes), whose replica relays their calls and feeds.
+The model replica (deployments.model_server) serves this way, each replica of a gang over one
+engine (deployments.serving_processes) as a lone one does.
 """
 
 from __future__ import annotations

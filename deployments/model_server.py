@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator
-from contextlib import aclosing
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from deployments.feed_hub import FeedHub, FeedItem
 from deployments.garbage_collection import collect_less_often
 from deployments.model_type import ModelTypeConfig, generated_model
 from deployments.replica_log import kept_through_logging_setup
-from deployments.serving_processes import ServingProcesses
+from deployments.serving_processes import Gang
 from deployments.wire import ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve")
@@ -40,23 +40,22 @@ class ModelServer:
         collect_less_often()
         ray_internals.check()
         self._replica = serve.get_replica_context().replica_id.unique_id
-        processes = None
+        self._grace_s = config.graceful_shutdown_timeout_s
+        self._gang: Gang | None = None
         if config.serving_processes > 1:
-            processes = ServingProcesses(config, local_model(config), self._replica)
-        self._engine = await start_engine(
-            config,
-            serving_processes=config.serving_processes,
-            start_others=processes.start if processes else None,
-        )
+            # One of the gang of replicas that serve one engine (deployments.serving_processes).
+            self._gang = Gang(serve.get_replica_context().gang_context)
+            self._engine = await self._gang.start(partial(start_engine, config))
+        else:
+            self._engine = await start_engine(config)
         self._feeds = FeedHub(config.max_ongoing_requests)
         self._serving = EngineServing(self._engine, self._feeds, self._replica)
-        self._processes = processes
-        if processes is not None:
-            await processes.ready(self._engine)
+        self._served = 0
         logger.info(
-            "%s ready: max_model_len=%d, %d serving process(es)",
+            "%s ready: max_model_len=%d, serving process %d of %d",
             config.name,
             self._engine.max_model_len,
+            0 if self._gang is None else self._gang.rank,
             config.serving_processes,
         )
 
@@ -69,24 +68,12 @@ class ModelServer:
         avoid: tuple[str, ...] = (),
     ) -> AsyncIterator[ReplyPart]:
         """A streamed request of `api` from ingress replica `ingress` (its request `key`):
-        batches of SSE events, or, while that ingress has a feed open where the request runs,
-        the first part alone and the rest on the feed (deployments.engine_serving); it runs
-        here or on a serving process (deployments.serving_processes). `avoid` is the request
+        batches of SSE events, or, while that ingress has a feed open here, the first part
+        alone and the rest on the feed (deployments.engine_serving). `avoid` is the request
         router's (deployments.wire.AVOID)."""
-        processes = self._processes
-        if processes is None:
-            async for part in self._serving.stream(api, body, ingress, key):
-                yield part
-            return
-        index = processes.pick()
-        if index == 0:
-            async for part in processes.own(self._serving.stream(api, body, ingress, key)):
-                yield part
-            return
-        parts = self._engine.gated(api, body, processes.stream(index, api, body, ingress, key))
-        async with aclosing(parts):
-            async for part in parts:
-                yield part
+        self._served += 1
+        async for part in self._serving.stream(api, body, ingress, key):
+            yield part
 
     async def feed(self, ingress: str, feed_for: str) -> AsyncIterator[list[FeedItem]]:
         """The feed of ingress replica `ingress` (`feed_for`, this replica, routes it here)."""
@@ -99,15 +86,8 @@ class ModelServer:
         """A whole request of `api`: the token counts so far every second or so while the
         engine works (parts without data), then the JSON body, in parts up to its `last`.
         `avoid`: as `stream`'s."""
-        processes = self._processes
-        index = 0 if processes is None else processes.pick()
-        if processes is None:
-            parts = self._serving.reply(api, body)
-        elif index == 0:
-            parts = processes.own(self._serving.reply(api, body))
-        else:
-            parts = self._engine.gated(api, body, processes.reply(index, api, body))
-        async for part in parts:
+        self._served += 1
+        async for part in self._serving.reply(api, body):
             yield part
 
     async def info(self) -> ModelInfo:
@@ -119,20 +99,21 @@ class ModelServer:
         return await self._engine.prompt_tokens(api, body)
 
     async def running_requests(self) -> int:
-        """Requests the engine still holds, from every serving process; tests use it to prove
-        that aborts free the engine."""
-        own = self._engine.running_requests()
-        return own if self._processes is None else own + await self._processes.running_requests()
+        """Requests this replica's engine client still holds; tests use it to prove that
+        aborts free the engine."""
+        return self._engine.running_requests()
 
-    async def serving_processes(self) -> list[int]:
-        """Requests sent to each serving process so far (the first: this replica's own)."""
-        return [1] if self._processes is None else list(self._processes.served)
+    async def served(self, avoid: tuple[str, ...] = ()) -> tuple[str, int, int, int]:
+        """This replica's id and pid, the requests it has taken and those its engine client
+        still holds: tests read each member of a gang, passing over (`avoid`) those read."""
+        return self._replica, os.getpid(), self._served, self._engine.running_requests()
 
     async def process_ids(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-        """This replica's pid, its engine cores' pids and its serving processes' pids; tests
-        kill them to prove recovery."""
-        helpers = () if self._processes is None else tuple(self._processes.pids)
-        return os.getpid(), self._engine.core_pids(), helpers
+        """This replica's pid, its engine core's pids and, in a gang, the other members'
+        pids; tests kill them to prove recovery."""
+        if self._gang is None:
+            return os.getpid(), self._engine.core_pids(), ()
+        return os.getpid(), self._gang.core, tuple(self._gang.others())
 
     def record_routing_stats(self) -> dict[str, int]:
         """What the ingress's request router learns of this replica: the size of its prefix
@@ -141,13 +122,11 @@ class ModelServer:
 
     async def check_health(self) -> None:
         await self._engine.check_health()
-        if self._processes is not None:
-            await self._processes.check_health()
 
     def __del__(self) -> None:
-        processes = getattr(self, "_processes", None)
-        if processes is not None:
-            processes.stop()
+        gang = getattr(self, "_gang", None)
+        if gang is not None:
+            gang.outlive_others(self._grace_s)
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()

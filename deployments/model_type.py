@@ -63,7 +63,6 @@ _RESERVED_ENGINE_ARGS = frozenset(
 DEPLOYMENT_ONLY = frozenset(
     {
         "serving_processes",
-        "serving_process_cpus",
         "autoscaling_config",
         "prefix_affinity",
         "max_imbalance",
@@ -179,13 +178,13 @@ class ModelTypeConfig(BaseModel):
         1,
         ge=1,
         le=16,
-        description="Processes that run vLLM's serving layer over each replica's one engine "
-        "(as `vllm serve --api-server-count`): the replica and N-1 beside it on its node "
-        "(deployments.serving_processes). More lift the ceiling one Python process sets on a "
-        "small model's throughput on a fast GPU.",
-    )
-    serving_process_cpus: float = Field(
-        1.0, gt=0, description="CPUs reserved for each serving process beyond the replica's."
+        description="Processes that run vLLM's serving layer over each engine (as `vllm serve "
+        "--api-server-count`): each a replica of the type's deployment, N of them gang-"
+        "scheduled on one node over one engine core, the first launching it "
+        "(deployments.serving_processes). Each reserves the type's num_cpus and 1/N of its "
+        "GPU; num_replicas and autoscaling_config count engines, max_ongoing_requests is the "
+        "engine's, split N ways. More lift the ceiling one Python process sets on a small "
+        "model's throughput on a fast GPU.",
     )
     in_ingress: bool = Field(
         False,
@@ -289,9 +288,16 @@ class ModelTypeConfig(BaseModel):
                 )
             if self.tensor_parallel_size > 1:
                 raise ValueError("in_ingress serves one engine shard: tensor_parallel_size 1")
-        if self.serving_processes > 1 and not self.num_cpus:
-            # The replica then has a placement group, whose first bundle may not be empty.
-            raise ValueError("serving_processes > 1 needs num_cpus > 0")
+        if self.serving_processes > 1:
+            if not self.num_cpus:
+                # A gang's members are placed as a placement group, whose bundles may not be empty.
+                raise ValueError("serving_processes > 1 needs num_cpus > 0")
+            if self.tensor_parallel_size > 1:
+                raise ValueError(
+                    "serving_processes > 1 serves an engine of one shard (tensor_parallel_size 1): "
+                    "a gang's members reserve alike, and a sharded engine's GPUs must be one "
+                    "replica's placement group"
+                )
         max_num_seqs = self.engine_args.get("max_num_seqs")
         if (
             isinstance(max_num_seqs, int)
@@ -359,40 +365,49 @@ class ModelTypeConfig(BaseModel):
             options["autoscaling_config"] = dict(self.autoscaling_config)
         else:
             options["num_replicas"] = 1 if self.num_replicas is None else self.num_replicas
-
         if self.tensor_parallel_size == 1:
             if self.num_gpus_per_shard:
                 actor_options["num_gpus"] = self.num_gpus_per_shard
             if self.accelerator_type:
                 actor_options["accelerator_type"] = self.accelerator_type
-        if self.tensor_parallel_size > 1 or self.serving_processes > 1:
+        if self.serving_processes > 1:
+            return self._gang_options(options)
+        if self.tensor_parallel_size > 1:
             # vLLM's Ray executor starts one worker (1 GPU, 0 CPU) in each bundle that has a GPU;
-            # Serve pins the replica, which then holds no GPU, to bundle 0. The serving
-            # processes take the bundles after the shards'. STRICT_PACK keeps a replica on one
-            # node: tensor parallelism needs NVLink, and the serving processes reach the engine
-            # core by IPC sockets.
+            # Serve pins the replica, which then holds no GPU, to bundle 0. STRICT_PACK keeps a
+            # replica on one node: tensor parallelism needs NVLink.
             options["placement_group_bundles"] = self._bundles()
             options["placement_group_strategy"] = "STRICT_PACK"
         return options
 
     def _bundles(self) -> list[dict[str, float]]:
-        """The replica's (with its GPU when it has one shard), each further shard's, then each
-        further serving process's."""
-        if self.tensor_parallel_size == 1:
-            first: dict[str, float] = {"CPU": self.num_cpus}
-            if self.num_gpus_per_shard:
-                first["GPU"] = self.num_gpus_per_shard
-            if self.accelerator_type:
-                first[f"accelerator_type:{self.accelerator_type}"] = 0.001
-            bundles = [first]
-        else:
-            shard: dict[str, float] = {"GPU": 1.0}
-            if self.accelerator_type:
-                shard[f"accelerator_type:{self.accelerator_type}"] = 0.001
-            bundles = [dict(shard) for _ in range(self.tensor_parallel_size)]
-            bundles[0]["CPU"] = self.num_cpus
-        helpers = [{"CPU": self.serving_process_cpus}] * (self.serving_processes - 1)
-        return bundles + [dict(b) for b in helpers]
+        """One bundle per shard, each with its GPU; the first with the replica's CPUs."""
+        shard: dict[str, float] = {"GPU": 1.0}
+        if self.accelerator_type:
+            shard[f"accelerator_type:{self.accelerator_type}"] = 0.001
+        bundles = [dict(shard) for _ in range(self.tensor_parallel_size)]
+        bundles[0]["CPU"] = self.num_cpus
+        return bundles
+
+    def _gang_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """`options` for a gang of `serving_processes` replicas per engine: the engine's
+        replicas, autoscaling bounds and request limit counted in members, each member with its
+        share of the GPU (deployments.serving_processes checks that they share one)."""
+        n = self.serving_processes
+        options["gang_scheduling_config"] = {"gang_size": n, "gang_placement_strategy": "PACK"}
+        options["max_ongoing_requests"] = -(-self.max_ongoing_requests // n)
+        if "num_replicas" in options:
+            options["num_replicas"] *= n
+        scaling = options.get("autoscaling_config")
+        if scaling is not None:
+            for bound in ("min_replicas", "initial_replicas", "max_replicas"):
+                if scaling.get(bound) is not None:
+                    scaling[bound] *= n
+            if "target_ongoing_requests" in scaling:
+                scaling["target_ongoing_requests"] /= n
+        if self.num_gpus_per_shard:
+            options["ray_actor_options"]["num_gpus"] = self.num_gpus_per_shard / n
+        return options
 
     def engine_kwargs(self, model_path: str) -> dict[str, Any]:
         """Keyword arguments for vLLM's AsyncEngineArgs."""

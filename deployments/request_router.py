@@ -87,12 +87,11 @@ def rendered(api: str, body: dict[str, Any]) -> tuple[Any, Any]:
 def passed_over(
     replicas: list[RunningReplica], avoid: tuple[str, ...] | None
 ) -> list[RunningReplica]:
-    """`replicas` without those `avoid` names (a replica's id, or one of its serving
-    processes', `id/index`): they failed this request before. All of them where no other is
-    left: a replica that recovered beats none."""
+    """`replicas` without those `avoid` names (replica ids): they failed this request before.
+    All of them where no other is left: a replica that recovered beats none."""
     if not avoid:
         return replicas
-    failed = {name.partition("/")[0] for name in avoid}
+    failed = set(avoid)
     return [r for r in replicas if r.replica_id.unique_id not in failed] or replicas
 
 

@@ -1,21 +1,26 @@
-"""A replica's serving processes: vLLM's serving layer in N processes over one engine core.
+"""A type's serving processes: vLLM's serving layer in N Serve replicas over one engine core.
 
-With `serving_processes: N` a type's replica launches its engine core for N clients
-(deployments.vllm_engine.shared_engine) and starts N-1 Ray actors beside it, in its placement
-group (so on its node, with their CPUs reserved): each connects to the core as one client and
-serves requests as the replica does (deployments.engine_serving). Serve still sees one replica:
-it routes, counts, cancels and health-checks calls there. The replica serves requests itself
-until it runs `SPREAD_FROM` of them, then sends each to the least busy of its processes, itself
-included, and relays the first part of a stream and a whole reply's few parts; the rest of a
-stream goes from the serving process to the ingress on the ingress's feed, which the ingress
-opens on that process directly (it is a named actor: `feed_name`), as it opens one on a replica
-(deployments/feed_hub.py). Rendering, tokenizing, detokenizing and encoding, the work that held
-one process at a core on a GPU, is then split N ways, and no token passes through the replica.
+With `serving_processes: N` the type's deployment runs in gangs of N replicas (Serve's gang
+scheduling, `ModelTypeConfig.serve_options`), each gang one engine. Rank 0 launches the engine
+core for N clients (deployments.vllm_engine.shared_engine) and is client 0; each other member
+connects as client `rank`. Serve sees N ordinary replicas: its request router sends each
+request straight to one, which serves it as a replica of one process does (its feeds to the
+ingress, its share of the priority gate's slots), so all the per-request work that held one
+process per engine at a core on a GPU (Serve's request handling, rendering, tokenizing,
+detokenizing, encoding) is split N ways. The earlier design, serving processes as actors behind
+one replica that still took every request, freed little of that process (bench/NOTES.md).
 
-Failure: a serving process that dies fails its requests (the ingress hears it as the engine's
-failure) and the replica's health check, so Serve replaces the replica; an engine core that
-dies is seen by the replica, which ends its serving processes, so no request waits on them.
-The serving processes die with the replica (Ray ends the actors a process owns with it).
+The members meet through a named actor of their gang (`Meeting`): each registers its node and
+GPUs; rank 0 checks that every member shares its node (the clients reach the core by IPC
+sockets) and its GPUs (each member reserved a fraction of them, which Serve's best-effort
+packing does not promise to take from one GPU), then hands the others their client's sockets
+and, once the core is up, its processes.
+
+Failure: a member that dies has Serve restart its whole gang (RESTART_GANG, Serve's policy):
+the engine's other clients go with it, and so does a member's failed health check. Every member
+sees the core's death (rank 0 by vLLM's own monitor, the others by `watch_core`): their requests
+fail at once with the engine's error. Rank 0 stops the core only once the other members have
+ended, so that requests they still drain can finish.
 """
 
 from __future__ import annotations
@@ -23,206 +28,171 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
-from contextlib import aclosing, suppress
-from typing import Any
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
 
+import psutil
 import ray
-from ray.exceptions import RayActorError, RayTaskError
-from ray.util import get_current_placement_group
-from ray.util.scheduling_strategies import (
-    NodeAffinitySchedulingStrategy,
-    PlacementGroupSchedulingStrategy,
-)
-
-from deployments.feed_hub import FeedHub
-from deployments.wire import SERVING_PROCESS_NAMESPACE, EngineFailed, ReplyPart, feed_name
 
 logger = logging.getLogger("ray.serve")
 
-SPREAD_FROM = int(os.environ.get("SERVICEAI_STREAM_FEED_MIN_STREAMS", "16"))
-"""The replica serves requests itself until it runs this many, the streams at which the ingress
-opens a feed on one process (the same setting, app/config/settings.py): below, a stream has no
-feed to go by, and its parts would pass through the replica. The ingress opens its feed on a
-serving process with its first stream there."""
-ENGINE_WATCH_S = 0.5
-"""How often the replica looks whether its engine core died."""
-HEALTH_TIMEOUT_S = 10.0
-PROCESS_FAILED = "The model engine failed this request. Retry shortly."
+MEET_POLL_S = 0.2
+MEETING_NAMESPACE = "serviceai"
 
 
-@ray.remote
-class ServingProcess:
-    """One serving process: a client of its replica's engine core with vLLM's serving layer."""
+class Member(NamedTuple):
+    """One replica of a gang, as it registers at the meeting."""
 
-    async def start(
-        self, config: Any, model: str, client: Any, devices: str | None, name: str
-    ) -> int:
-        """Connect to the core as `client` (returns once the core is up); this process's pid.
-        `devices`: the replica's CUDA_VISIBLE_DEVICES, which Ray does not give a process that
-        reserves no GPU: vLLM's client configures itself for the platform it sees, as vLLM's
-        own API server processes see the engine's."""
-        if devices is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = devices
-        from deployments.engine_serving import EngineServing
-        from deployments.model_server import engine_options
-        from deployments.vllm_engine.engine import VllmEngine
+    rank: int
+    pid: int
+    node: str
+    devices: str | None
+    """CUDA_VISIBLE_DEVICES as Ray set it from the member's reservation (None without a GPU)."""
 
-        engine = await VllmEngine.start(
-            config.name, config.engine_kwargs(model), **engine_options(config), client=client
+
+@ray.remote(num_cpus=0)
+class Meeting:
+    """Where the replicas of one gang find each other: members, the engine's clients, its core."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._members: dict[int, Member] = {}
+        self._clients: list[Any] | None = None
+        self._core: tuple[int, ...] | None = None
+        self._refused: str | None = None
+
+    def register(self, member: Member) -> None:
+        self._members[member.rank] = member
+
+    def members(self) -> list[Member] | None:
+        """Every member, once all have registered."""
+        if len(self._members) < self._size:
+            return None
+        return [self._members[rank] for rank in sorted(self._members)]
+
+    def refuse(self, reason: str) -> None:
+        self._refused = reason
+
+    def hand_out(self, clients: list[Any]) -> None:
+        self._clients = clients
+
+    def clients(self) -> tuple[list[Any] | None, str | None]:
+        return self._clients, self._refused
+
+    def core_started(self, pids: tuple[int, ...]) -> None:
+        self._core = pids
+
+    def core(self) -> tuple[tuple[int, ...] | None, str | None]:
+        return self._core, self._refused
+
+
+def _end_if_gone(pids: list[int], started: threading.Event) -> None:
+    """Until `started` is set, end this process the moment one of `pids` (the engine core,
+    rank 0) ends: a member still starting when its gang lost them could never finish, and
+    Serve restarts a gang only with every member (a member that fails its start stops the
+    others; one left starting beside a stopped gang would hold the deployment at an odd count
+    of replicas for good)."""
+
+    def watch() -> None:
+        try:
+            watched = [psutil.Process(pid) for pid in pids]
+        except psutil.NoSuchProcess:
+            watched = []  # gone already
+        while watched and not started.is_set():
+            gone, _ = psutil.wait_procs(watched, timeout=MEET_POLL_S)
+            if gone:
+                break
+        if started.is_set():
+            return
+        logger.error("The gang's engine core or first replica ended while this one started")
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="ServiceAiGangStart").start()
+
+
+class GangRefused(RuntimeError):
+    """The gang's members cannot share one engine where Serve put them; Serve starts it again."""
+
+
+class Gang:
+    """This replica's place in its gang, and the others'."""
+
+    def __init__(self, context: Any) -> None:
+        self.rank: int = context.rank
+        self.size: int = context.world_size
+        self._meeting = Meeting.options(
+            name=f"gang-{context.gang_id}", namespace=MEETING_NAMESPACE, get_if_exists=True
+        ).remote(self.size)
+        self.members: list[Member] = []
+        self.core: tuple[int, ...] = ()
+
+    async def start(self, start_engine: Callable[..., Awaitable[Any]]) -> Any:
+        """This member's engine: rank 0 launches the core and is client 0, the others connect.
+        `start_engine(**options)` starts one with `VllmEngine.start`'s options."""
+        me = Member(
+            self.rank,
+            os.getpid(),
+            ray.get_runtime_context().get_node_id(),
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
         )
-        self._serving = EngineServing(engine, FeedHub(config.max_ongoing_requests), replica=name)
-        return os.getpid()
+        await self._meeting.register.remote(me)
+        if self.rank == 0:
+            return await self._launch(me, start_engine)
+        clients = await self._wait(self._meeting.clients)
+        # Connect once the core is up (it serves client 0 by then): a client of a core that is
+        # gone would wait for its greeting for vLLM's start-up timeout (600 s).
+        self.core = await self._wait(self._meeting.core)
+        self.members = await self._meeting.members.remote()
+        started = threading.Event()
+        _end_if_gone([*self.core, self.members[0].pid], started)
+        engine = await start_engine(client=clients[self.rank - 1])
+        started.set()
+        engine.watch_core(self.core)
+        return engine
 
-    async def stream(
-        self, api: str, body: dict, ingress: str | None, key: int
-    ) -> AsyncIterator[ReplyPart]:
-        async for part in self._serving.stream(api, body, ingress, key):
-            yield part
-
-    async def reply(self, api: str, body: dict) -> AsyncIterator[ReplyPart]:
-        async for part in self._serving.reply(api, body):
-            yield part
-
-    async def feed(self, ingress: str) -> AsyncIterator[list]:
-        async for batch in self._serving.feed(ingress):
-            yield batch
-
-    async def check_health(self) -> None:
-        await self._serving.engine.check_health()
-
-    def running_requests(self) -> int:
-        return self._serving.engine.running_requests()
-
-
-class ServingProcesses:
-    """The replica's side: its serving processes (1..N-1; 0 is the replica), the requests each
-    runs."""
-
-    def __init__(self, config: Any, model: str, replica: str) -> None:
-        self._config = config
-        self._model = model
-        self._replica = replica
-        self.actors: list[Any] = []
-        self._starts: list[Any] = []
-        self.pids: list[int] = []
-        self._load = [0]
-        self.served = [0]
-        """Requests sent to each process so far (0: the replica)."""
-        self._dead: set[int] = set()
-        self._watch: asyncio.Task[None] | None = None
-
-    def start(self, clients: list[Any]) -> None:
-        """Start a serving process for each engine client (before the core loads: they connect
-        as it comes up)."""
-        group = get_current_placement_group()
-        for n, client in enumerate(clients):
-            if group is not None:
-                where = PlacementGroupSchedulingStrategy(
-                    group, placement_group_bundle_index=self._config.tensor_parallel_size + n
-                )
-            else:
-                node = ray.get_runtime_context().get_node_id()
-                where = NodeAffinitySchedulingStrategy(node, soft=False)
-            name = feed_name(self._replica, client.index)
-            actor = ServingProcess.options(
-                name=name,
-                namespace=SERVING_PROCESS_NAMESPACE,
-                num_cpus=self._config.serving_process_cpus,
-                scheduling_strategy=where,
-            ).remote()
-            self.actors.append(actor)
-            devices = os.environ.get("CUDA_VISIBLE_DEVICES")
-            self._starts.append(
-                actor.start.remote(self._config, self._model, client, devices, name)
+    async def _launch(self, me: Member, start_engine: Callable[..., Awaitable[Any]]) -> Any:
+        self.members = await self._wait(self._meeting.members)
+        apart = [m for m in self.members if (m.node, m.devices) != (me.node, me.devices)]
+        if apart:
+            reason = (
+                f"gang member(s) {[m.rank for m in apart]} landed on another node or GPU than "
+                f"rank 0 ({me.node[:8]}, GPUs {me.devices}); the gang is started again"
             )
-            self._load.append(0)
-            self.served.append(0)
+            await self._meeting.refuse.remote(reason)
+            raise GangRefused(reason)
+        engine = await start_engine(
+            serving_processes=self.size, start_others=self._meeting.hand_out.remote
+        )
+        self.core = engine.core_pids()
+        await self._meeting.core_started.remote(self.core)
+        return engine
 
-    async def ready(self, engine: Any) -> None:
-        """Wait until every serving process is connected; then watch the engine core."""
-        self.pids = list(await asyncio.gather(*self._starts))
-        self._watch = asyncio.ensure_future(self._watch_engine(engine))
+    async def _wait(self, ask: Any) -> Any:
+        """Poll the meeting until it has what `ask` returns (a refusal raises)."""
+        while True:
+            answer = await ask.remote()
+            found, refused = answer if isinstance(answer, tuple) else (answer, None)
+            if refused is not None:
+                raise GangRefused(refused)
+            if found is not None:
+                return found
+            await asyncio.sleep(MEET_POLL_S)
 
-    def pick(self) -> int:
-        """The replica itself (0) below `SPREAD_FROM` requests, else the least busy process."""
-        load = self._load
-        if load[0] < SPREAD_FROM:
-            index = 0
-        else:
-            index = min((i for i in range(len(load)) if i not in self._dead), key=load.__getitem__)
-        self.served[index] += 1
-        return index
+    def others(self) -> list[int]:
+        """The pids of the gang's other members."""
+        return [m.pid for m in self.members if m.rank != self.rank]
 
-    async def own(self, parts: AsyncIterator[ReplyPart]) -> AsyncIterator[ReplyPart]:
-        """`parts` of a request the replica serves itself, counted as its load."""
-        self._load[0] += 1
-        try:
-            async with aclosing(parts):
-                async for part in parts:
-                    yield part
-        finally:
-            self._load[0] -= 1
-
-    async def stream(
-        self, index: int, api: str, body: dict, ingress: str | None, key: int
-    ) -> AsyncIterator[ReplyPart]:
-        """Serving process `index`'s stream of a request, relayed."""
-        call = self.actors[index - 1].stream.options(num_returns="streaming")
-        async with aclosing(self._relay(index, call.remote(api, body, ingress, key))) as parts:
-            async for part in parts:
-                yield part
-
-    async def reply(self, index: int, api: str, body: dict) -> AsyncIterator[ReplyPart]:
-        call = self.actors[index - 1].reply.options(num_returns="streaming")
-        async with aclosing(self._relay(index, call.remote(api, body))) as parts:
-            async for part in parts:
-                yield part
-
-    async def _relay(self, index: int, call: Any) -> AsyncIterator[Any]:
-        self._load[index] += 1
-        done = False
-        try:
-            async for ref in call:
-                yield await ref
-            done = True
-        except RayTaskError as exc:
-            done = True
-            raise exc.cause from None  # the GenerationError, as the replica would raise it
-        except RayActorError:
-            done = True
-            self._dead.add(index)
-            logger.error("Serving process %d of this replica died", index)
-            failed = EngineFailed(PROCESS_FAILED)
-            failed.replica = self._replica  # being replaced: the ingress passes it over
-            raise failed from None
-        finally:
-            self._load[index] -= 1
-            if not done:  # cancelled (the client left): the process aborts the request
-                ray.cancel(call)
-
-    async def running_requests(self) -> int:
-        """Requests the serving processes' engine clients still hold."""
-        return sum(await asyncio.gather(*(a.running_requests.remote() for a in self.actors)))
-
-    async def check_health(self) -> None:
-        if self._dead:
-            raise RuntimeError(f"serving process(es) {sorted(self._dead)} of this replica died")
-        checks = [actor.check_health.remote() for actor in self.actors]
-        await asyncio.wait_for(asyncio.gather(*checks), HEALTH_TIMEOUT_S)
-
-    async def _watch_engine(self, engine: Any) -> None:
-        """Once the engine core dies, end the serving processes: their clients do not watch
-        the core (the replica's does), and their requests would wait on it for ever."""
-        while not engine.errored():
-            await asyncio.sleep(ENGINE_WATCH_S)
-        logger.error("The engine core died: ending this replica's serving processes")
-        self.stop()
-
-    def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-        for n, actor in enumerate(self.actors, 1):
-            self._dead.add(n)
-            with suppress(Exception):
-                ray.kill(actor, no_restart=True)
+    def outlive_others(self, timeout_s: float) -> None:
+        """Rank 0, stopping: wait (up to `timeout_s`) until the other members have ended, so
+        that the core they share serves what they still drain."""
+        if self.rank != 0:
+            return
+        alive = []
+        for pid in self.others():
+            try:
+                alive.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                continue
+        if alive:
+            psutil.wait_procs(alive, timeout=timeout_s)

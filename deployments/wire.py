@@ -24,8 +24,7 @@ class ReplyPart(NamedTuple):
     `data: [DONE]`, as OpenAI's does). A failure is raised, never encoded: the ingress frames
     it as its API does. `final` is a /v1/responses stream's terminal event (its last part):
     the ingress stores the response it holds before it sends it.
-    On a stream's first part, `replica` names the replica (or its serving process: `feed_name`)
-    when it could open a feed to the ingress (deployments.feed_hub), and `via_feed` says that
+    On a stream's first part, `replica` names the replica when it could open a feed to the ingress (deployments.feed_hub), and `via_feed` says that
     the rest comes on the open one.
     """
 
@@ -49,21 +48,6 @@ ADAPTER_PATH = "serviceai_adapter_path"
 """The body field in which the ingress sends a registered adapter's path with a request that
 names it: the replica loads it from there first, unless it holds it already, and takes the
 field out before vLLM reads the body."""
-
-
-SERVING_PROCESS_NAMESPACE = "serviceai"
-"""The Ray namespace of the model replicas' serving processes, which the ingress finds by name."""
-
-
-def feed_name(replica: str, index: int) -> str:
-    """A model replica's serving process `index` (deployments/serving_processes.py), as a
-    stream's first part names it: a named Ray actor, on which the ingress opens its feed."""
-    return f"{replica}/{index}"
-
-
-def serving_process(name: str) -> bool:
-    """A first part's `replica` names a serving process, not a Serve replica."""
-    return "/" in name
 
 
 class ModelInfo(NamedTuple):
@@ -129,4 +113,4 @@ class EngineUnavailable(GenerationError):
 class EngineFailed(EngineUnavailable):
     """The engine died, or failed or dropped a request, or the process serving it did: the
     request may go on on another replica (app.serving.migration). `replica` names the one
-    that failed it (a Serve replica's id, or its serving process's `feed_name`)."""
+    that failed it (a Serve replica's id)."""

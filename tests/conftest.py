@@ -257,7 +257,8 @@ def stack(stack_lock: None) -> Iterator[Stack]:
 
 
 PROCESSES_TYPE = "ServiceAi-Pro"
-"""The type the stack serves with two serving processes (deployments/serving_processes.py)."""
+"""The type the stack serves with two serving processes, a gang of two replicas over one engine
+(deployments/serving_processes.py)."""
 
 
 def stack_app_args() -> dict[str, Any]:
@@ -267,7 +268,7 @@ def stack_app_args() -> dict[str, Any]:
     args = app_args()
     for model_type in args["model_types"]:
         if model_type["name"] == PROCESSES_TYPE:
-            model_type.update(serving_processes=2, serving_process_cpus=0.25)
+            model_type.update(serving_processes=2)
     return args
 
 

@@ -6,10 +6,6 @@ once per engine step, the events of every request of this ingress it serves. A r
 whose first part says `via_feed` reads the rest from its inbox here, filled by the feed's
 reader; its own call stays open, silent, so that Serve still counts it, cancels it when the
 client leaves, and fails it when the replica dies.
-
-A replica with several serving processes (deployments/serving_processes.py) names the one that
-runs a stream on its first part; the feed is then opened on that process, a named Ray actor,
-so that the stream's events go from it to this ingress without passing through the replica.
 """
 
 from __future__ import annotations
@@ -19,13 +15,11 @@ import itertools
 import logging
 import uuid
 from collections import Counter, deque
-from typing import Any
 
-import ray
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from deployments.feed_hub import FeedItem
-from deployments.wire import SERVING_PROCESS_NAMESPACE, ReplyPart, serving_process
+from deployments.wire import ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -159,9 +153,7 @@ class Feeds:
         replica = first.replica
         if replica is not None:
             self._streams_on[replica] += 1
-            # A serving process gets streams only from a busy replica: a feed there at once,
-            # or each of its stream's parts would pass through the replica.
-            enough = self._streams_on[replica] >= self._min_streams or serving_process(replica)
+            enough = self._streams_on[replica] >= self._min_streams
             if replica not in self._open and enough and not first.last:
                 self._open[replica] = asyncio.ensure_future(self._read(replica))
         return StreamParts(self, key, call, first)
@@ -215,51 +207,26 @@ class Feeds:
                     inbox.put(lost)
 
 
-_SERVING_PROCESSES: dict[str, Any] = {}
-"""The serving processes this ingress has found by name (ray.get_actor blocks: once each)."""
-
-
 class FeedCall:
-    """The long-lived call that carries a feed: a Serve call pinned to a model replica, or a
-    call of a replica's serving process."""
+    """The long-lived call that carries a feed: a Serve call pinned to a model replica."""
 
     def __init__(self, streaming: DeploymentHandle, replica: str) -> None:
         self._streaming = streaming
         self._replica = replica
-        self._process = serving_process(replica)
-        self._call = None
+        self._call: DeploymentResponseGenerator | None = None
 
     async def open(self) -> None:
         """Start the call and wait for its opening (empty) batch."""
-        if not self._process:
-            self._call = self._streaming.feed.remote(INGRESS_ID, feed_for=self._replica)
-            await self._call.__anext__()
-            return
-        actor = _SERVING_PROCESSES.get(self._replica)
-        if actor is None:
-            actor = await asyncio.to_thread(
-                ray.get_actor, self._replica, namespace=SERVING_PROCESS_NAMESPACE
-            )
-            _SERVING_PROCESSES[self._replica] = actor
-        self._call = actor.feed.options(num_returns="streaming").remote(INGRESS_ID)
-        await anext(self)
+        self._call = self._streaming.feed.remote(INGRESS_ID, feed_for=self._replica)
+        await self._call.__anext__()
 
     def __aiter__(self) -> FeedCall:
         return self
 
     async def __anext__(self) -> list[FeedItem]:
-        if not self._process:
-            return await self._call.__anext__()
-        try:
-            return await (await self._call.__anext__())
-        except ray.exceptions.RayActorError:
-            _SERVING_PROCESSES.pop(self._replica, None)
-            raise
+        assert self._call is not None
+        return await self._call.__anext__()
 
     def cancel(self) -> None:
-        if self._call is None:
-            return
-        if self._process:
-            ray.cancel(self._call)
-        else:
+        if self._call is not None:
             self._call.cancel()

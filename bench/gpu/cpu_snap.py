@@ -15,7 +15,6 @@ from typing import TextIO
 
 WATCH = (
     "ServeReplica",
-    "ServingProcess",
     "EngineCore",
     "haproxy",
     "ProxyActor",

@@ -34,7 +34,12 @@ from deployments.vllm_engine.counting import CountingEngineClient
 from deployments.vllm_engine.embeddings import EmbeddingsApi
 from deployments.vllm_engine.messages import MessagesApi
 from deployments.vllm_engine.replies import ServedApi
-from deployments.vllm_engine.shared_engine import EngineClient, SharedEngine, client_engine
+from deployments.vllm_engine.shared_engine import (
+    EngineClient,
+    SharedEngine,
+    client_engine,
+    watch_core,
+)
 from deployments.wire import ADAPTER_PATH, GenerationError, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")  # into the replica's Serve log
@@ -141,9 +146,9 @@ class VllmEngine:
 
         With `serving_processes` N > 1 this process launches an engine core for N clients
         (deployments.vllm_engine.shared_engine), calls `start_others` with the other N-1
-        clients' sockets before the core loads, and is client 0; a serving process started so
-        passes its `client` instead, and holds no priority gate (its replica's gates every
-        request it sends there)."""
+        clients' sockets before the core loads, and is client 0; another replica of its gang
+        passes its `client` instead. Each of the N gates its requests with its share of the
+        engine's slots (the router spreads requests evenly over them)."""
         args = AsyncEngineArgs(**_for_this_platform(engine_kwargs))
         parser = forced_tool_calls.install(tool_call_parser)
         namespace = frontend_args(
@@ -170,9 +175,11 @@ class VllmEngine:
             )
         gate = None
         scheduler = engine.vllm_config.scheduler_config
-        if scheduler.policy == "priority" and client is None:
-            slots = scheduler.max_num_seqs
-            reserved = max(1, slots // 8) if reserved_slots is None else reserved_slots
+        if scheduler.policy == "priority":
+            share = client.count if client is not None else serving_processes
+            slots = max(1, scheduler.max_num_seqs // share)
+            kept = reserved_slots
+            reserved = max(1, slots // 8) if kept is None else -(-kept // share)  # rounded up
             gate = PriorityGate(slots, reserved, busy_stream_interval=busy_stream_interval)
         state = State()
         await init_app_state(
@@ -219,8 +226,7 @@ class VllmEngine:
     def gated(
         self, api: str, body: dict[str, Any], parts: AsyncIterator[ReplyPart]
     ) -> AsyncIterator[ReplyPart]:
-        """`parts` of a request of `api`, once the priority gate (if any) gives it its slots:
-        this engine's own, or a serving process's (deployments.serving_processes)."""
+        """`parts` of a request of `api`, once the priority gate (if any) gives it its slots."""
         if self.gate is None:
             return parts
         return self._gated(parts, body.get("priority", 0), sequences(api, body))
@@ -285,6 +291,10 @@ class VllmEngine:
 
     def running_requests(self) -> int:
         return self._engine.output_processor.get_num_unfinished_requests()
+
+    def watch_core(self, pids: tuple[int, ...]) -> None:
+        """Fail this client's requests at once when the core another process launched dies."""
+        watch_core(self._engine, pids)
 
     def core_pids(self) -> tuple[int, ...]:
         """The engine-core processes this engine started (not found by title: vLLM sets that late)."""

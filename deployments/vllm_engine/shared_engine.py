@@ -5,16 +5,21 @@ runs in the process that holds the engine client, and one Python process per eng
 ceiling of a small model on a fast GPU (bench/results/gpu-h100/). vLLM's multi-API-server
 mode lifts it: one engine core process, N front-end processes, each an `AsyncLLM` client with
 its own pair of ZMQ sockets (`client_index` i of `client_count` N), the core routing each
-request's outputs back to the client that sent it. Here the replica is client 0: it allocates
-the N socket addresses, hands the others to its serving processes
-(deployments.serving_processes), launches the core and connects last. The private vLLM
-functions used are listed in `vllm_internals`.
+request's outputs back to the client that sent it. Here the gang's first replica is client 0:
+it allocates the N socket addresses, hands the others to the gang's other replicas
+(deployments.serving_processes), launches the core and connects last; the others connect as
+their client and watch the core (`watch_core`). The private vLLM functions used are listed in
+`vllm_internals`.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import psutil
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -70,6 +75,37 @@ class SharedEngine:
         engine.engine_core.resources.engine_manager = self.manager
         engine.engine_core.start_engine_core_monitor()
         return engine
+
+
+CORE_WATCH_S = 0.25
+"""How often a client of a core another process launched looks whether the core still runs."""
+
+
+def watch_core(engine: AsyncLLM, pids: Sequence[int]) -> None:
+    """A client of a core another process launched learns of the core's death as client 0 does
+    from vLLM's monitor: the client is marked dead and shut down, so that its requests fail at
+    once with vLLM's EngineDeadError (and its health check) instead of waiting for outputs that
+    never come. `pids`: the core's processes (on this node: the clients reach it by IPC)."""
+    try:
+        processes = [psutil.Process(pid) for pid in pids]
+    except psutil.NoSuchProcess:
+        processes = []
+    client = weakref.ref(engine.engine_core)
+
+    def watch() -> None:
+        while processes:
+            gone, _ = psutil.wait_procs(processes, timeout=CORE_WATCH_S)
+            if gone:
+                break
+            if client() is None:  # the engine was shut down and collected
+                return
+        core = client()
+        if core is None or core.resources.engine_dead:
+            return
+        core.resources.engine_dead = True
+        core.shutdown()
+
+    threading.Thread(target=watch, daemon=True, name="ServiceAiCoreWatch").start()
 
 
 def client_engine(args: AsyncEngineArgs, client: EngineClient, stat_loggers: list[Any]) -> AsyncLLM:

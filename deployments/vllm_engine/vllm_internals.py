@@ -240,6 +240,16 @@ READ = (
         "MPClient.start_engine_core_monitor",
         "shared_engine: client 0 watches the core",
     ),
+    Surface(
+        "vllm.v1.engine.core_client",
+        "BackgroundResources.engine_dead",
+        "shared_engine: another client marks the core dead, as vLLM's monitor does",
+    ),
+    Surface(
+        "vllm.v1.engine.core_client",
+        "MPClient.shutdown",
+        "shared_engine: another client's sockets closed on the core's death",
+    ),
 )
 """Read or called: private names, and public ones called with keywords that may move."""
 

@@ -83,22 +83,33 @@ def test_tensor_parallel_uses_one_gpu_bundle_per_shard_on_one_node():
     assert kwargs["distributed_executor_backend"] == "ray"
 
 
-def test_serving_processes_take_cpu_bundles_beside_the_replica_on_its_node():
-    config = gpu_type(serving_processes=3, serving_process_cpus=1.5, num_cpus=2)
+def test_serving_processes_are_a_gang_of_replicas_each_with_its_share_of_the_gpu():
+    config = gpu_type(serving_processes=4, num_cpus=2, max_ongoing_requests=30, num_replicas=2)
     options = config.serve_options()
-    assert options["placement_group_strategy"] == "STRICT_PACK"
-    # The replica keeps its GPU (bundle 0); each further serving process reserves its CPUs.
-    assert options["placement_group_bundles"] == [
-        {"CPU": 2, "GPU": 1, "accelerator_type:A100": 0.001},
-        {"CPU": 1.5},
-        {"CPU": 1.5},
-    ]
-    assert options["ray_actor_options"]["num_gpus"] == 1
-    sharded = gpu_type(tensor_parallel_size=2, serving_processes=2).serve_options()
-    assert sharded["placement_group_bundles"][2:] == [{"CPU": 1.0}]
-    assert len(sharded["placement_group_bundles"]) == 3
+    assert options["gang_scheduling_config"] == {"gang_size": 4, "gang_placement_strategy": "PACK"}
+    # Engines are counted in gangs: two engines are eight replicas, each a quarter of a GPU
+    # and a quarter of the engine's requests (rounded up).
+    assert options["num_replicas"] == 8
+    assert options["max_ongoing_requests"] == 8
+    assert options["ray_actor_options"]["num_gpus"] == 0.25
+    assert "placement_group_bundles" not in options
     replica = ModelServer.options(**options)._replica_config
-    assert replica.resource_dict == {"CPU": 2.0, "GPU": 1.0, "accelerator_type:A100": 0.001}
+    assert replica.resource_dict == {"CPU": 2.0, "GPU": 0.25, "accelerator_type:A100": 0.001}
+    scaled = gpu_type(
+        serving_processes=2,
+        autoscaling_config={"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 8},
+    ).serve_options()
+    assert scaled["autoscaling_config"] == {
+        "min_replicas": 2,
+        "max_replicas": 6,
+        "target_ongoing_requests": 4,
+    }
+    ModelServer.options(**scaled)  # Serve takes the gang with autoscaling
+
+
+def test_serving_processes_serve_an_engine_of_one_shard():
+    with pytest.raises(ValidationError, match="tensor_parallel_size 1"):
+        gpu_type(tensor_parallel_size=2, serving_processes=2)
 
 
 def test_serving_processes_need_cpus_of_the_replica():

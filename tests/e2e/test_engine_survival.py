@@ -17,7 +17,7 @@ import psutil
 
 from tests.conftest import Stack, error_of
 from tests.e2e.conftest import prompt_tokens
-from tests.e2e.processes import gone, serving_replica, wait_until
+from tests.e2e.processes import engine_requests, gone, serving_replica, wait_until
 
 WORDS = "the quick brown fox jumps over lazy dog hello how are you today fine thank".split()
 SEEDED_REQUESTS = 16
@@ -99,7 +99,7 @@ def test_requests_held_by_an_engine_that_dies_are_told_to_retry(stack, http):
                 await anext(lines)
             await asyncio.to_thread(
                 wait_until,
-                lambda: stack.handle(model).running_requests.remote().result() >= 4,
+                lambda: engine_requests(stack, model) >= 4,
                 30,
             )
             for core in processes.engine_cores:

@@ -1,8 +1,8 @@
 """Several serving processes over one engine (deployments/serving_processes.py), on the stack's
-ServiceAi-Pro, which runs two (tests/conftest.py, `stack_app_args`): every API through both,
-aborts that reach the engine from either, usage counted once, and a serving process killed
-mid-stream. The engine's death under them is tests/e2e/test_engine_survival.py's and
-test_engine_health.py's (they kill Pro's core)."""
+ServiceAi-Pro, which runs two: a gang of two replicas (tests/conftest.py, `stack_app_args`).
+Every API through both, aborts that reach the engine from either, usage counted once, and a
+serving process killed mid-stream. The engine's death under them is
+tests/e2e/test_engine_survival.py's and test_engine_health.py's (they kill Pro's core)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import httpx
 import psutil
 
 from tests.conftest import PROCESSES_TYPE, Stack
-from tests.e2e.processes import serving_replica, wait_until
+from tests.e2e.processes import gone, replicas_of_engine, serving_replica, wait_until
 from tests.e2e.test_limits import new_user, usage_of
 
 MODEL = PROCESSES_TYPE
@@ -27,8 +27,8 @@ def handle(stack: Stack):
     return stack.handle(MODEL)
 
 
-def served(stack: Stack) -> list[int]:
-    return handle(stack).serving_processes.remote().result(timeout_s=30)
+def members(stack: Stack) -> dict[int, tuple[int, int]]:
+    return replicas_of_engine(stack, MODEL)
 
 
 def process_ids(stack: Stack) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
@@ -100,12 +100,12 @@ def test_every_api_is_served_whole_and_streamed_by_both_processes_and_charged_on
 ):
     serving_replica(stack, http, MODEL)
     _, key = new_user(stack, plan="pro")
-    before = served(stack)
+    before = members(stack)
     replies = asyncio.run(every_api(stack.origin, key))
-    after = served(stack)
-    # Sixteen at once: the replica sends each to the least busy process, so both serve.
-    assert len(after) == 2
-    assert all(a > b for a, b in zip(after, before)), (before, after)
+    after = members(stack)
+    # Sixteen at once: the router spreads them over the gang's members, so both serve.
+    assert after.keys() == before.keys()
+    assert all(after[pid][0] > before[pid][0] for pid in before), (before, after)
     for path, prompt, completion in replies:
         assert prompt > 0, path
         assert 0 < completion <= 12, path
@@ -137,20 +137,24 @@ def test_a_client_that_leaves_frees_the_engine_from_either_process(
                     for _ in range(3):
                         await anext(lines)
 
-            await asyncio.gather(*(one() for _ in range(4)))  # left after three lines each
+            await asyncio.gather(*(one() for _ in range(8)))  # left after three lines each
 
-    before = served(stack)
+    before = members(stack)
     asyncio.run(leave_mid_stream())
-    assert all(a > b for a, b in zip(served(stack), before))
-    wait_until(lambda: handle(stack).running_requests.remote().result() == 0, 30)
+    after = members(stack)
+    assert sum(a[0] for a in after.values()) >= sum(b[0] for b in before.values()) + 8
+    wait_until(lambda: all(m[1] == 0 for m in members(stack).values()), 30)
 
 
-def test_a_serving_process_killed_mid_stream_fails_its_streams_and_the_replica_is_replaced(
+def test_a_serving_process_killed_mid_stream_ends_its_streams_and_the_gang_is_replaced(
     stack: Stack, http: httpx.Client
 ):
-    old = serving_replica(stack, http, MODEL)
-    _, _, helpers = process_ids(stack)
-    assert len(helpers) == 1
+    serving_replica(stack, http, MODEL)
+    gang = set(members(stack))
+    _, cores, _ = process_ids(stack)
+    launcher = psutil.Process(cores[0]).ppid()  # rank 0 launched the core
+    assert launcher in gang, (launcher, gang)
+    [victim] = gang - {launcher}  # the member that is only a client of the core
     long = {"model": MODEL, "messages": HI, "max_tokens": 1500, "ignore_eos": True}
 
     async def streams_while_killed() -> list[list[str]]:
@@ -170,35 +174,27 @@ def test_a_serving_process_killed_mid_stream_fails_its_streams_and_the_replica_i
             events = [asyncio.Event() for _ in range(4)]
             tasks = [asyncio.ensure_future(one(e)) for e in events]
             await asyncio.gather(*(e.wait() for e in events))
-            os.kill(helpers[0], signal.SIGKILL)
+            os.kill(victim, signal.SIGKILL)
             return list(await asyncio.wait_for(asyncio.gather(*tasks), 120))
 
     streams = asyncio.run(streams_while_killed())
+    # Serve restarts the whole gang: the killed member's streams end with the engine's failure
+    # and [DONE], and so do the others' when their member is stopped with it (unless failover
+    # found them a replica); none hangs.
     failed = [s for s in streams if "model_unavailable" in "".join(s[-3:])]
-    # The killed process's streams end at once with the engine's failure and [DONE]; the
-    # replica's own run to their end.
     assert failed, [s[-2:] for s in streams]
     for lines in failed:
-        assert lines[-1] == "data: [DONE]"
         assert json.loads(lines[-2].removeprefix("data: "))["error"]["code"] == "model_unavailable"
     for lines in streams:
         assert lines[-1] == "data: [DONE]"
-    # The other types serve meanwhile; Serve replaces the replica that lost a process.
+    # The other types serve meanwhile; Serve replaces both members of the gang.
     fast = http.post(
         "/v1/chat/completions", json={"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 2}
     )
     assert fast.status_code == 200, fast.text
-    wait_until(
-        lambda: not old.replica.is_running() or old.replica.status() == psutil.STATUS_ZOMBIE,
-        timeout_s=120,
-        interval_s=1,
-    )
-    new = serving_replica(stack, http, MODEL)
-    assert new.replica.pid != old.replica.pid
-    assert not psutil.pid_exists(helpers[0]) or psutil.Process(helpers[0]).status() == (
-        psutil.STATUS_ZOMBIE
-    )
-    assert len(process_ids(stack)[2]) == 1
+    wait_until(lambda: all(gone(pid) for pid in gang), timeout_s=120, interval_s=1)
+    serving_replica(stack, http, MODEL)
+    assert not set(members(stack)) & set(gang)
 
 
 async def _until_started(stream: httpx.Response, started: asyncio.Event):
