@@ -65,11 +65,11 @@ class Meeting:
     def register(self, member: Member) -> None:
         self._members[member.rank] = member
 
-    def members(self) -> list[Member] | None:
+    def members(self) -> tuple[list[Member] | None, str | None]:
         """Every member, once all have registered."""
         if len(self._members) < self._size:
-            return None
-        return [self._members[rank] for rank in sorted(self._members)]
+            return None, self._refused
+        return [self._members[rank] for rank in sorted(self._members)], self._refused
 
     def refuse(self, reason: str) -> None:
         self._refused = reason
@@ -143,7 +143,7 @@ class Gang:
         # Connect once the core is up (it serves client 0 by then): a client of a core that is
         # gone would wait for its greeting for vLLM's start-up timeout (600 s).
         self.core = await self._wait(self._meeting.core)
-        self.members = await self._meeting.members.remote()
+        self.members = await self._wait(self._meeting.members)
         started = threading.Event()
         _end_if_gone([*self.core, self.members[0].pid], started)
         engine = await start_engine(client=clients[self.rank - 1])
@@ -171,8 +171,7 @@ class Gang:
     async def _wait(self, ask: Any) -> Any:
         """Poll the meeting until it has what `ask` returns (a refusal raises)."""
         while True:
-            answer = await ask.remote()
-            found, refused = answer if isinstance(answer, tuple) else (answer, None)
+            found, refused = await ask.remote()
             if refused is not None:
                 raise GangRefused(refused)
             if found is not None:
