@@ -24,7 +24,7 @@ from deployments.garbage_collection import collect_less_often
 from deployments.model_type import ModelTypeConfig, generated_model
 from deployments.replica_log import kept_through_logging_setup
 from deployments.serving_processes import Gang
-from deployments.wire import ModelInfo, ReplyPart
+from deployments.wire import ENGINE, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve")
 
@@ -114,6 +114,11 @@ class ModelServer:
         if self._gang is None:
             return os.getpid(), self._engine.core_pids(), ()
         return os.getpid(), self._gang.core, tuple(self._gang.others())
+
+    def record_replica_metadata(self) -> dict[str, str]:
+        """What the ingress's request router knows of this replica for good: in a gang, the
+        engine it shares (deployments.wire.ENGINE)."""
+        return {} if self._gang is None else {ENGINE: self._gang.id}
 
     def record_routing_stats(self) -> dict[str, int]:
         """What the ingress's request router learns of this replica: the size of its prefix

@@ -25,8 +25,13 @@ What a replica holds ages out as vLLM's cache evicts: least recently used first,
 cache's size that the replica reports (`record_routing_stats`), the tail of a prompt before
 its head. Replicas that leave (scale-down, a lost node) take their entries with them.
 
+The replicas of a gang (`serving_processes` > 1, deployments.serving_processes) serve one
+engine, so one cache: the index, the homes and the load bound count engines, each replica
+naming its own in `record_replica_metadata` (a lone replica is an engine of its own), and the
+least busy member of the engine chosen takes the request.
+
 Stream feeds (deployments.feed_hub) are pinned to the replica they name; a request that a
-replica failed passes it over when it is tried again (deployments.wire.AVOID).
+replica failed passes over that replica's engine when it is tried again (deployments.wire.AVOID).
 """
 
 from __future__ import annotations
@@ -34,13 +39,14 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 from ray.util.metrics import Counter
 
-from deployments.wire import AVOID
+from deployments.wire import AVOID, ENGINE
 
 FEED_TARGET = "feed_for"
 """The keyword of a feed call that names the replica it must reach."""
@@ -84,15 +90,23 @@ def rendered(api: str, body: dict[str, Any]) -> tuple[Any, Any]:
     return None, body.get("prompt")
 
 
+def engine_of(replica: RunningReplica) -> str:
+    """The engine a replica serves: its gang's, else its own."""
+    return replica.replica_metadata.get(ENGINE) or replica.replica_id.unique_id
+
+
 def passed_over(
     replicas: list[RunningReplica], avoid: tuple[str, ...] | None
 ) -> list[RunningReplica]:
-    """`replicas` without those `avoid` names (replica ids): they failed this request before.
-    All of them where no other is left: a replica that recovered beats none."""
+    """`replicas` without those `avoid` names (replica ids), which failed this request before,
+    and without the others that serve their engines where other engines are left. All of them
+    where no other is left: a replica that recovered beats none."""
     if not avoid:
         return replicas
     failed = set(avoid)
-    return [r for r in replicas if r.replica_id.unique_id not in failed] or replicas
+    rest = [r for r in replicas if r.replica_id.unique_id not in failed]
+    engines = {engine_of(r) for r in replicas if r.replica_id.unique_id in failed}
+    return [r for r in rest if engine_of(r) not in engines] or rest or replicas
 
 
 def adapter_of(body: dict[str, Any]) -> bytes:
@@ -130,15 +144,13 @@ def home_key(first_turn: bytes) -> bytes:
     return hashlib.blake2b(first_turn, digest_size=8).digest()
 
 
-def homes(key: bytes, replicas: list[RunningReplica]) -> list[RunningReplica]:
-    """The replicas in this conversation's order (rendezvous hashing): the same in every
-    process, and changed only where a replica leaves or comes."""
+def homes(key: bytes, engines: Iterable[str]) -> list[str]:
+    """The engines in this conversation's order (rendezvous hashing): the same in every
+    process, and changed only where an engine leaves or comes."""
     return sorted(
-        replicas,
+        engines,
         reverse=True,
-        key=lambda r: hashlib.blake2b(
-            key + r.replica_id.unique_id.encode(), digest_size=8
-        ).digest(),
+        key=lambda engine: hashlib.blake2b(key + engine.encode(), digest_size=8).digest(),
     )
 
 
@@ -165,14 +177,14 @@ DEFAULT_CAPACITY = blocks_for(DEFAULT_CACHE_TOKENS)
 
 
 class PrefixIndex:
-    """Which replica holds which prompt prefixes, each replica's least recently used first."""
+    """Which engine holds which prompt prefixes, each engine's least recently used first."""
 
     def __init__(self) -> None:
-        self._held: dict[ReplicaID, OrderedDict[int, None]] = {}
-        self._owners: dict[int, set[ReplicaID]] = {}
-        self._capacity: dict[ReplicaID, int] = {}
+        self._held: dict[str, OrderedDict[int, None]] = {}
+        self._owners: dict[int, set[str]] = {}
+        self._capacity: dict[str, int] = {}
 
-    def longest(self, hashes: list[int], candidates: set[ReplicaID]) -> tuple[int, set[ReplicaID]]:
+    def longest(self, hashes: list[int], candidates: set[str]) -> tuple[int, set[str]]:
         """The most blocks of `hashes` any candidate holds, and the candidates that do."""
         owners = self._owners
         for depth in range(len(hashes), 0, -1):
@@ -183,39 +195,39 @@ class PrefixIndex:
                     return depth, found
         return 0, set()
 
-    def add(self, replica: ReplicaID, hashes: list[int]) -> None:
-        """The replica now holds this prompt; its head is used last, so evicted last."""
-        held = self._held.setdefault(replica, OrderedDict())
+    def add(self, engine: str, hashes: list[int]) -> None:
+        """The engine now holds this prompt; its head is used last, so evicted last."""
+        held = self._held.setdefault(engine, OrderedDict())
         for block in reversed(hashes):
             if block in held:
                 held.move_to_end(block)
             else:
                 held[block] = None
-                self._owners.setdefault(block, set()).add(replica)
-        over = len(held) - self._capacity.get(replica, DEFAULT_CAPACITY)
+                self._owners.setdefault(block, set()).add(engine)
+        over = len(held) - self._capacity.get(engine, DEFAULT_CAPACITY)
         for _ in range(max(0, over)):
             block, _ = held.popitem(last=False)
-            self._forget(block, replica)
+            self._forget(block, engine)
 
-    def size(self, replica: ReplicaID, cache_tokens: int) -> None:
-        """The replica's cache holds this many tokens: it keeps as many blocks' worth."""
-        self._capacity[replica] = blocks_for(cache_tokens)
+    def size(self, engine: str, cache_tokens: int) -> None:
+        """The engine's cache holds this many tokens: it keeps as many blocks' worth."""
+        self._capacity[engine] = blocks_for(cache_tokens)
 
-    def drop(self, replica: ReplicaID) -> None:
-        self._capacity.pop(replica, None)
-        for block in self._held.pop(replica, ()):
-            self._forget(block, replica)
+    def drop(self, engine: str) -> None:
+        self._capacity.pop(engine, None)
+        for block in self._held.pop(engine, ()):
+            self._forget(block, engine)
 
-    def replicas(self) -> set[ReplicaID]:
+    def engines(self) -> set[str]:
         return set(self._held) | set(self._capacity)
 
-    def blocks(self, replica: ReplicaID) -> int:
-        return len(self._held.get(replica, ()))
+    def blocks(self, engine: str) -> int:
+        return len(self._held.get(engine, ()))
 
-    def _forget(self, block: int, replica: ReplicaID) -> None:
+    def _forget(self, block: int, engine: str) -> None:
         owners = self._owners.get(block)
         if owners is not None:
-            owners.discard(replica)
+            owners.discard(engine)
             if not owners:
                 del self._owners[block]
 
@@ -223,7 +235,7 @@ class PrefixIndex:
 class Routing:
     """What the router knows of one request it has not routed yet."""
 
-    __slots__ = ("hashes", "first_blocks", "home_key", "new", "decision", "preferred")
+    __slots__ = ("hashes", "first_blocks", "home_key", "new", "decision", "preferred", "engines")
 
     def __init__(self, api: str, body: dict[str, Any]) -> None:
         adapter = adapter_of(body)
@@ -240,6 +252,8 @@ class Routing:
         self.decision = "home"
         self.preferred: set[ReplicaID] = set()
         """The replicas `decision` named; another one routed to is a spill."""
+        self.engines: dict[ReplicaID, str] = {}
+        """The engine of each replica it may take."""
 
 
 class ServiceRouter(RequestRouter):
@@ -253,6 +267,7 @@ class ServiceRouter(RequestRouter):
         self._affinity = prefix_affinity
         self._max_imbalance = max_imbalance
         self._index = PrefixIndex()
+        self._engines: dict[ReplicaID, str] = {}
         self._pending: OrderedDict[str, tuple[Routing, PendingRequest]] = OrderedDict()
 
     async def choose_replicas(
@@ -274,15 +289,17 @@ class ServiceRouter(RequestRouter):
         routing = self._routing(pending_request)
         if routing is None:
             return [two_choices(candidate_replicas)]
-        by_id = {r.replica_id: r for r in candidate_replicas}
-        loads = self._loads(candidate_replicas)
+        members: dict[str, list[RunningReplica]] = {}
+        for replica in candidate_replicas:
+            members.setdefault(engine_of(replica), []).append(replica)
+        loads = self._loads(members)
         least = min(loads.values(), default=0)
-        depth, holders = self._index.longest(routing.hashes, set(by_id))
+        depth, holders = self._index.longest(routing.hashes, set(members))
         if depth and depth >= routing.first_blocks:
             routing.decision = "affinity"
         else:  # a new conversation, or one that another ingress replica placed
             routing.decision = "home"
-            first, *others = (r.replica_id for r in homes(routing.home_key, candidate_replicas))
+            first, *others = homes(routing.home_key, members)
             if (
                 routing.new
                 and others
@@ -290,7 +307,16 @@ class ServiceRouter(RequestRouter):
             ):
                 first = others[0]
             holders = {first}
-        preferred = [by_id[r] for r in holders if loads.get(r, least) - least < self._max_imbalance]
+        # The least busy replica of a preferred engine takes it (Serve's choice within a
+        # rank), ties either way (Serve's go to the first).
+        preferred = [
+            replica
+            for engine in holders
+            if loads.get(engine, least) - least < self._max_imbalance
+            for replica in members[engine]
+        ]
+        random.shuffle(preferred)
+        routing.engines = {r.replica_id: engine for engine, rs in members.items() for r in rs}
         routing.preferred = {r.replica_id for r in preferred}
         if not preferred:
             routing.decision = "spill"
@@ -304,24 +330,26 @@ class ServiceRouter(RequestRouter):
         routing, _ = self._pending.pop(pending_request.metadata.internal_request_id, (None, None))
         if routing is None:
             return
-        self._index.add(replica_id, routing.hashes)
+        self._index.add(routing.engines.get(replica_id, replica_id.unique_id), routing.hashes)
         # A preferred replica that was full gave way to the next rank: that is a spill too.
         decision = routing.decision if replica_id in routing.preferred else "spill"
         DECISIONS.inc(tags={"model_type": self._model_type, "decision": decision})
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
-        current = {r.replica_id for r in replicas}
+        engines = {replica.replica_id: engine_of(replica) for replica in replicas}
         for replica in replicas:
             cache_tokens = (replica.routing_stats or {}).get("cache_tokens")
             if cache_tokens:
-                self._index.size(replica.replica_id, cache_tokens)
-        for gone in self._index.replicas() - current:
+                self._index.size(engines[replica.replica_id], cache_tokens)
+        for gone in self._index.engines() - set(engines.values()):
             self._index.drop(gone)
+        self._engines = engines
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        self._index.drop(replica_id)
+        # A gang's engine goes with any of its members: Serve restarts the whole gang.
+        self._index.drop(self._engines.get(replica_id, replica_id.unique_id))
 
     def _routing(self, pending_request: PendingRequest) -> Routing | None:
         """The prompt's block hashes and the decision so far, kept until the request is
@@ -349,14 +377,16 @@ class ServiceRouter(RequestRouter):
         pending[request_id] = routing, pending_request
         return routing
 
-    def _loads(self, replicas: list[RunningReplica]) -> dict[ReplicaID, int]:
-        """Requests running on each replica, as far as this handle knows (unknown: left out)."""
+    def _loads(self, members: dict[str, list[RunningReplica]]) -> dict[str, int]:
+        """Requests running on each engine's replicas, as far as this handle knows (an engine
+        none of whose replicas it knows: left out)."""
         cache = self.replica_queue_len_cache
         loads = {}
-        for replica in replicas:
-            queue_len = cache.get(replica.replica_id)
-            if queue_len is not None:
-                loads[replica.replica_id] = queue_len
+        for engine, replicas in members.items():
+            known = [cache.get(r.replica_id) for r in replicas]
+            known = [queue_len for queue_len in known if queue_len is not None]
+            if known:
+                loads[engine] = sum(known)
         return loads
 
 

@@ -119,6 +119,7 @@ class Gang:
     """This replica's place in its gang, and the others'."""
 
     def __init__(self, context: Any) -> None:
+        self.id: str = context.gang_id
         self.rank: int = context.rank
         self.size: int = context.world_size
         self._meeting = Meeting.options(

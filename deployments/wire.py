@@ -44,6 +44,10 @@ AVOID = "avoid"
 """The keyword of a model replica's `stream` and `reply` calls naming replicas (their ids) the
 request router passes over, where it has others: those that failed this request before."""
 
+ENGINE = "engine"
+"""The key of a model replica's metadata (`record_replica_metadata`) that names the engine it
+shares with the other replicas of its gang; the request router counts engines."""
+
 ADAPTER_PATH = "serviceai_adapter_path"
 """The body field in which the ingress sends a registered adapter's path with a request that
 names it: the replica loads it from there first, unless it holds it already, and takes the

@@ -22,7 +22,7 @@ from deployments.request_router import (
     homes,
     prompt_text,
 )
-from deployments.wire import AVOID
+from deployments.wire import AVOID, ENGINE
 
 
 class ReplicaKey(NamedTuple):
@@ -31,8 +31,13 @@ class ReplicaKey(NamedTuple):
     unique_id: str
 
 
-def replica(name: str) -> SimpleNamespace:
-    return SimpleNamespace(replica_id=ReplicaKey(name), routing_stats={})
+def replica(name: str, gang: str | None = None) -> SimpleNamespace:
+    """Stands for Serve's RunningReplica; in `gang`, one of its replicas over one engine."""
+    return SimpleNamespace(
+        replica_id=ReplicaKey(name),
+        routing_stats={},
+        replica_metadata={ENGINE: gang} if gang else {},
+    )
 
 
 class Router(ServiceRouter):
@@ -121,9 +126,9 @@ def test_the_index_finds_the_longest_prefix_and_forgets_tails_first():
     index.drop(a)
     assert index.longest([1, 2, 3], {a, b}) == (2, {b})
     index.size("c", cache_tokens=1000)  # reported its cache, not sent anything yet
-    assert index.replicas() == {b, "c"}
+    assert index.engines() == {b, "c"}
     index.drop("c")
-    assert index.replicas() == {b}
+    assert index.engines() == {b}
 
 
 def test_every_turn_of_a_conversation_starts_with_its_first_turn():
@@ -218,7 +223,7 @@ async def test_requests_cancelled_before_they_were_routed_are_forgotten(decision
     await router.choose_replicas([a], chat("hey", request_id="3"))
     assert list(router._pending) == ["2", "3"]
     router.routed(picked, a)
-    assert router._index.blocks(a.replica_id) == len(Routing(*picked.args).hashes)
+    assert router._index.blocks("a") == len(Routing(*picked.args).hashes)
     assert decisions == ["home"]
 
 
@@ -251,7 +256,10 @@ async def test_a_new_conversation_starts_on_its_second_rank_where_the_first_is_b
     that reaches an ingress replica that never saw it still goes to the first rank."""
     replicas = [replica(name) for name in "abcd"]
     first_turn = chat("hello", request_id="1")
-    home, second, *_ = homes(Routing(*first_turn.args).home_key, replicas)
+    home, second, *_ = (
+        next(r for r in replicas if r.replica_id.unique_id == engine)
+        for engine in homes(Routing(*first_turn.args).home_key, "abcd")
+    )
     router = Router()
     router.replica_queue_len_cache.update({r.replica_id: 1 for r in replicas})
     router.replica_queue_len_cache[home.replica_id] = NEW_HOME_SPREAD
@@ -300,7 +308,7 @@ async def test_replicas_that_leave_take_their_entries_with_them():
     first = chat("hello", request_id="1")
     await router.choose_replicas([a, b], first)
     router.routed(first, a)
-    router._index.drop(a.replica_id)  # as update_replicas does for a replica gone
+    router._index.drop("a")  # as update_replicas does for a replica gone
     second = chat("hello", request_id="2")
     ranks = await router.choose_replicas([b], second)
     assert ranks == [[b], [b]]  # b: its home now
@@ -333,3 +341,41 @@ async def test_a_request_tried_again_passes_over_the_replicas_that_failed_it():
     everyone.kwargs[AVOID] = ("a", "b")  # none other left: a replica that recovered beats none
     ranks = await router.choose_replicas(replicas, everyone)
     assert {r.replica_id.unique_id for rank in ranks for r in rank} <= {"a", "b"} and ranks[0]
+
+
+async def test_a_gangs_replicas_share_its_engines_cache_home_and_load(decisions):
+    """The replicas of a gang serve one engine: what one was sent, the other holds too."""
+    router = Router(max_imbalance=4)
+    gang = [replica("g0", gang="g"), replica("g1", gang="g")]
+    other = [replica("h0", gang="h"), replica("h1", gang="h")]
+    replicas = gang + other
+    first = chat("hello", request_id="1")
+    home = (await router.choose_replicas(replicas, first))[0]
+    assert {r.replica_id.unique_id[0] for r in home} in ({"g"}, {"h"}) and len(home) == 2
+    router.routed(first, gang[0])  # a spill if h was its home: g holds it now, either way
+    later = chat("hello", "more", request_id="2")
+    assert sorted((await router.choose_replicas(replicas, later))[0], key=id) == sorted(
+        gang, key=id
+    )
+    router.routed(later, gang[1])  # the other member: the same engine, so the same cache
+    assert decisions[-1] == "affinity"
+    # The bound counts the engine's requests: 3 + 2 on g against 1 on h is 4 more.
+    loads = {"g0": 3, "g1": 2, "h0": 1, "h1": 0}
+    router.replica_queue_len_cache.update({ReplicaKey(name): n for name, n in loads.items()})
+    busy = chat("hello", "more", "again", request_id="3")
+    await router.choose_replicas(replicas, busy)
+    router.routed(busy, other[1])
+    assert decisions[-1] == "spill"
+
+
+async def test_a_request_tried_again_passes_over_the_engine_that_failed_it():
+    router = Router()
+    replicas = [replica("g0", gang="g"), replica("g1", gang="g"), replica("h0", gang="h")]
+    again = chat("hello", request_id="again")
+    again.kwargs[AVOID] = ("g1",)
+    ranks = await router.choose_replicas(replicas, again)
+    assert {r.replica_id.unique_id for rank in ranks for r in rank} == {"h0"}
+    # With no other engine left, the other replica of the same one.
+    again.kwargs[AVOID] = ("g1", "h0")
+    ranks = await router.choose_replicas(replicas, again)
+    assert {r.replica_id.unique_id for rank in ranks for r in rank} == {"g0"}

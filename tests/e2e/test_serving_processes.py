@@ -116,6 +116,36 @@ def test_every_api_is_served_whole_and_streamed_by_both_processes_and_charged_on
     assert usage["completion_tokens"] == sum(r[2] for r in replies)
 
 
+def test_a_conversations_turns_go_to_either_process_of_its_engine(stack: Stack, http: httpx.Client):
+    """The members share their engine's prefix cache, and the router counts engines: a
+    conversation's later turns go to whichever member is less busy (ties either way), each
+    finding the turns before it cached. (A router that counted members would send them all to
+    the member that took the first turn.)"""
+    serving_replica(stack, http, MODEL)
+    system = {"role": "system", "content": " ".join(f"gang{n}" for n in range(200))}
+    first = [system, {"role": "user", "content": "first turn"}]
+
+    def turn(messages: list[dict]) -> dict:
+        response = http.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 2}
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    reply = turn(first)["choices"][0]["message"]["content"]
+    later = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
+    before = members(stack)
+
+    def both_served() -> bool:
+        assert turn(later)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        after = members(stack)
+        return all(after[pid][0] > before[pid][0] for pid in before)
+
+    # Serve's choice within the rank reads its own count of each member's requests, which
+    # may lag for a member it has not sent to for a while: a few turns, not one.
+    wait_until(both_served, timeout_s=60, interval_s=0)
+
+
 def test_a_client_that_leaves_frees_the_engine_from_either_process(
     stack: Stack, http: httpx.Client
 ):
