@@ -51,23 +51,26 @@ class RequestRecord:
         self.in_flight.waiting[model_type] += 1
         self._waiting = True
 
-    def first_token(self, prompt_tokens: int) -> None:
-        """The first chunk of a stream arrived."""
+    def first_token(self) -> None:
+        """A stream's first token arrived (events before it, such as a Responses stream's
+        `response.created`, do not count)."""
         self.first_token_at = time.perf_counter()
-        self.prompt_tokens = prompt_tokens
         self._stop_waiting()
         self.in_flight.streaming[self.model_type] += 1
         self._streaming = True
 
     def completed(self, prompt_tokens: int, completion_tokens: int) -> None:
         """A whole reply arrived."""
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = completion_tokens
+        self.counted(prompt_tokens, completion_tokens)
         self._stop_waiting()
 
-    def stream_ended(self, completion_tokens: int, error_status: int | None) -> None:
-        """The stream's last event was written; `error_status` when that was an error event."""
+    def counted(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """What the request was charged: the tokens its metrics and access line count."""
+        self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
+
+    def stream_ended(self, error_status: int | None) -> None:
+        """The stream's last event was written; `error_status` when that was an error event."""
         self.stream_status = error_status or 200
 
     def status(self, http_status: int) -> int:

@@ -142,12 +142,11 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
             body = await call.whole(whole.data)
     if not call.stream:
         return Response(body, media_type="application/json", headers=ticket.headers)
-    record.first_token(first.prompt_tokens)
-    tally = Tally(first, meter)
+    tally = Tally(first, meter, record)
     resume = migration.resume_of(call.api, payload, model)
     parts = migration.ContinuedStream(endpoint, call.api, first, parts, meter, attempts, resume)
     return EventStream(
-        _relay(call, endpoint, parts, tally, record),
+        _relay(call, endpoint, parts, tally),
         media_type="text/event-stream",
         headers={**SSE_HEADERS, **ticket.headers},
         on_close=tally.on_close(parts),
@@ -328,25 +327,30 @@ async def check_inputs(
 
 class Tally:
     """A stream as it goes: its last part so far, counted on its ticket's meter, which it
-    charges once: before the stream's last bytes, or when the response closes."""
+    charges once: before the stream's last bytes, or when the response closes. The request's
+    record gets the time of its first token and, at the end, what the meter charged."""
 
-    __slots__ = ("last", "finished", "meter")
+    __slots__ = ("last", "finished", "meter", "record", "_tokens")
 
-    def __init__(self, first: ReplyPart, meter: Meter) -> None:
-        self.last = first
+    def __init__(self, first: ReplyPart, meter: Meter, record: RequestRecord) -> None:
         self.finished = False
         self.meter = meter
-        meter.count(first)
+        self.record = record
+        self._tokens = False
+        self.advance(first)
 
     def advance(self, part: ReplyPart) -> None:
         self.last = part
         self.meter.count(part)
+        if not self._tokens and part.completion_tokens:
+            self._tokens = True
+            self.record.first_token()
 
-    async def finish(self, record: RequestRecord, status: int) -> None:
+    async def finish(self, status: int) -> None:
         """The stream is complete (200) or ends with an error event of `status`: charged,
         and its slot free before the client can read its end and send again."""
         self.finished = True
-        record.stream_ended(self.last.completion_tokens, None if status == 200 else status)
+        self.record.stream_ended(None if status == 200 else status)
         await self.meter.settle()
 
     def on_close(self, parts: migration.ContinuedStream) -> Callable[[], None]:
@@ -358,6 +362,7 @@ class Tally:
                 parts.cancel()
             # Whatever the engine produced counts, a stream the client cut off included.
             self.meter.charge()
+            self.record.counted(self.meter.prompt_tokens, self.meter.completion_tokens)
 
         return closed
 
@@ -367,7 +372,6 @@ async def _relay(
     endpoint: ModelEndpoint,
     parts: migration.ContinuedStream,
     tally: Tally,
-    record: RequestRecord,
 ) -> AsyncIterator[bytes]:
     """The stream's parts as the client gets them; a failure ends it with the API's error
     event. A stream is complete before its last bytes are written: the client may hang up on
@@ -377,7 +381,7 @@ async def _relay(
         while True:
             data = await call.events(part)
             if part.last:
-                await tally.finish(record, 200)
+                await tally.finish(200)
             yield data
             if tally.finished:
                 return
@@ -399,5 +403,5 @@ async def _relay(
     except Exception as exc:
         count_failure(exc, tally.meter)
         error = endpoint.error(exc)
-    await tally.finish(record, error.status)
+    await tally.finish(error.status)
     yield call.error_event(error)

@@ -168,7 +168,7 @@ def test_a_stream_counts_as_waiting_then_streaming_then_gone():
     record = RequestRecord("r", 0.0, in_flight)
     record.sent_to("ServiceAi-Fast", stream=True)
     assert (in_flight.waiting["ServiceAi-Fast"], in_flight.streaming["ServiceAi-Fast"]) == (1, 0)
-    record.first_token(prompt_tokens=7)
+    record.first_token()
     assert (in_flight.waiting["ServiceAi-Fast"], in_flight.streaming["ServiceAi-Fast"]) == (0, 1)
     record.release()
     record.release()
@@ -191,7 +191,7 @@ def test_a_request_refused_by_its_model_type_stops_waiting():
 def test_the_outcome_of_a_stream(ended: bool, error_status: int | None, outcome: int):
     record = RequestRecord("r", 0.0, InFlight())
     record.sent_to("ServiceAi-Coder", stream=True)
-    record.first_token(prompt_tokens=3)
+    record.first_token()
     if ended:
-        record.stream_ended(completion_tokens=5, error_status=error_status)
+        record.stream_ended(error_status=error_status)
     assert record.status(200) == outcome

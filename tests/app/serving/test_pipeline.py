@@ -280,8 +280,8 @@ async def test_a_stream_is_complete_once_its_last_part_is_written():
     stream, record = _Parts(last), RequestRecord("r", 0.0, InFlight())
     record.sent_to(FAST, stream=True)
     charges: list[tuple[int, int]] = []
-    tally = Tally(first, Meter(_charged(charges)))
-    events = _relay(ChatCall(chat(stream=True)), _Endpoint(), stream, tally, record)
+    tally = Tally(first, Meter(_charged(charges)), record)
+    events = _relay(ChatCall(chat(stream=True)), _Endpoint(), stream, tally)
     assert await anext(events) == first.data
     assert charges == []
     # Charged, and the slot free, before the client can read the end and send again.
@@ -291,6 +291,29 @@ async def test_a_stream_is_complete_once_its_last_part_is_written():
     tally.on_close(stream)()
     assert charges == [(7, 3)]  # once
     assert tally.finished and (record.status(200), record.completion_tokens) == (200, 3)
+
+
+async def test_a_streams_record_counts_what_it_was_charged_and_times_its_first_token():
+    """A Responses stream's first part (`response.created`) comes before the engine has
+    counted the prompt or made a token: the metrics and the access line count what the meter
+    charged at the end, and the first token is the first part with one."""
+    created = ReplyPart(b"event: response.created\n\n", 0, 0)
+    token = ReplyPart(b"event: response.output_text.delta\n\n", 9, 1)
+    last = ReplyPart(b"event: response.completed\n\n", 9, 4, True)
+    record = RequestRecord("r", 0.0, InFlight())
+    record.sent_to(FAST, stream=True)
+    charges: list[tuple[int, int]] = []
+    stream = _Parts(token, last)
+    tally = Tally(created, Meter(_charged(charges)), record)
+    events = _relay(responses(stream=True), _Endpoint(), stream, tally)
+    await anext(events)
+    assert record.first_token_at is None and record.in_flight.waiting[FAST] == 1
+    await anext(events)
+    assert record.first_token_at is not None and record.in_flight.streaming[FAST] == 1
+    assert [e async for e in events] == [last.data]
+    tally.on_close(stream)()
+    assert charges == [(9, 4)]
+    assert (record.prompt_tokens, record.completion_tokens) == (9, 4)
 
 
 @pytest.mark.parametrize(
@@ -312,8 +335,8 @@ async def test_a_stream_that_fails_or_ends_early_ends_with_its_apis_error_event(
     for rest in (_Parts(then=RuntimeError("replica died")), _Parts()):
         record = RequestRecord("r", 0.0, InFlight())
         record.sent_to(FAST, stream=True)
-        tally = Tally(ReplyPart(b"data: {}\n\n", 7, 1), Meter(_charged()))
-        events = [e async for e in _relay(call, _Endpoint(), rest, tally, record)]
+        tally = Tally(ReplyPart(b"data: {}\n\n", 7, 1), Meter(_charged()), record)
+        events = [e async for e in _relay(call, _Endpoint(), rest, tally)]
         assert events == [b"data: {}\n\n", framed]
         assert tally.finished and record.status(200) == 503
 
@@ -322,8 +345,8 @@ async def test_a_stream_cut_before_its_end_is_a_client_closed_request():
     first = ReplyPart(b"data: {}\n\n", 7, 1)
     stream, record = _Parts(ReplyPart(b"data: {}\n\n", 7, 2)), RequestRecord("r", 0.0, InFlight())
     record.sent_to(FAST, stream=True)
-    tally = Tally(first, Meter(_charged()))
-    events = _relay(ChatCall(chat(stream=True)), _Endpoint(), stream, tally, record)
+    tally = Tally(first, Meter(_charged()), record)
+    events = _relay(ChatCall(chat(stream=True)), _Endpoint(), stream, tally)
     await anext(events)
     await anext(events)
     await events.aclose()
@@ -356,7 +379,7 @@ async def test_a_messages_stream_sends_ping_while_it_waits_and_others_send_nothi
     stream, record = _Slow(last), RequestRecord("r", 0.0, InFlight())
     record.sent_to(FAST, stream=True)
     events = _relay(
-        MessagesCall(body), _Endpoint(), stream, Tally(first, Meter(_charged())), record
+        MessagesCall(body), _Endpoint(), stream, Tally(first, Meter(_charged()), record)
     )
     assert await anext(events) == first.data
     ping = b'event: ping\ndata: {"type": "ping"}\n\n'
@@ -367,7 +390,7 @@ async def test_a_messages_stream_sends_ping_while_it_waits_and_others_send_nothi
     # A client that leaves while the stream waits: the wait ends with it.
     stream = _Slow(last)
     events = _relay(
-        MessagesCall(body), _Endpoint(), stream, Tally(first, Meter(_charged())), record
+        MessagesCall(body), _Endpoint(), stream, Tally(first, Meter(_charged()), record)
     )
     await anext(events)
     assert await anext(events) == ping
@@ -375,7 +398,7 @@ async def test_a_messages_stream_sends_ping_while_it_waits_and_others_send_nothi
     # Chat waits silently, as OpenAI's streams do.
     stream = _Slow(last)
     chat_events = _relay(
-        ChatCall(chat(stream=True)), _Endpoint(), stream, Tally(first, Meter(_charged())), record
+        ChatCall(chat(stream=True)), _Endpoint(), stream, Tally(first, Meter(_charged()), record)
     )
     await anext(chat_events)
     waiting = asyncio.ensure_future(anext(chat_events))
