@@ -283,3 +283,24 @@ def test_each_profile_builds_as_serve_runs_it_behind_haproxy(path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+GPU_BENCH_CONFIGS = sorted((PROJECT_ROOT / "bench" / "gpu").glob("serve_gpu*.yaml"))
+
+
+@pytest.mark.parametrize("path", GPU_BENCH_CONFIGS, ids=lambda p: p.name)
+def test_the_gpu_benchmarks_configs_build(path):
+    """bench/gpu/'s configs run only on a lent GPU machine, whose time is short: a config
+    field renamed or refused here must not be found there."""
+    built = {(d.app, d.name): d for d in build_serve_config(path)}
+    for d in built.values():
+        validate_actor_options(d.replica.ray_actor_options, in_options=True)
+    if path.name == "serve_gpu_processes.yaml":  # issue 56: Pro as a gang of four
+        pro = built[("serviceai", "ServiceAi-Pro")]
+        assert pro.config.gang_scheduling_config.gang_size == 4
+        assert pro.config.num_replicas == 4
+        assert pro.replica.ray_actor_options["num_gpus"] == 0.125
+
+
+def test_there_are_gpu_benchmark_configs():
+    assert [p.name for p in GPU_BENCH_CONFIGS] == ["serve_gpu.yaml", "serve_gpu_processes.yaml"]

@@ -1,8 +1,9 @@
 """Several serving processes over one engine (deployments/serving_processes.py), on the stack's
 ServiceAi-Pro, which runs two: a gang of two replicas (tests/conftest.py, `stack_app_args`).
-Every API through both, aborts that reach the engine from either, usage counted once, and a
-serving process killed mid-stream. The engine's death under them is
-tests/e2e/test_engine_survival.py's and test_engine_health.py's (they kill Pro's core)."""
+Every API through both, usage and metrics counted once, a conversation's turns on either,
+aborts that reach the engine from either, and a serving process killed mid-stream. The
+engine's death under them is tests/e2e/test_engine_survival.py's and test_engine_health.py's
+(they kill Pro's core)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import psutil
 from tests.conftest import PROCESSES_TYPE, Stack
 from tests.e2e.processes import gone, replicas_of_engine, serving_replica, wait_until
 from tests.e2e.test_limits import new_user, usage_of
+from tests.e2e.test_observability import COMPLETION, PROMPT, REQUESTS, settled
 
 MODEL = PROCESSES_TYPE
 HI = [{"role": "user", "content": "hi"}]
@@ -100,7 +102,7 @@ def test_every_api_is_served_whole_and_streamed_by_both_processes_and_charged_on
 ):
     serving_replica(stack, http, MODEL)
     _, key = new_user(stack, plan="pro")
-    before = members(stack)
+    before, counted_before = members(stack), settled(stack)
     replies = asyncio.run(every_api(stack.origin, key))
     after = members(stack)
     # Sixteen at once: the router spreads them over the gang's members, so both serve.
@@ -114,6 +116,18 @@ def test_every_api_is_served_whole_and_streamed_by_both_processes_and_charged_on
     # What the engine counted, once: the clients' usage, summed, is what the key is charged.
     assert usage["prompt_tokens"] == sum(r[1] for r in replies)
     assert usage["completion_tokens"] == sum(r[2] for r in replies)
+    # And the service's metrics, once per request, by the ingress.
+    grown = settled(stack) - counted_before
+    assert {
+        name: sum(
+            v for (n, labels), v in grown.items() if n == name and ("model_type", MODEL) in labels
+        )
+        for name in (REQUESTS, PROMPT, COMPLETION)
+    } == {
+        REQUESTS: len(replies),
+        PROMPT: sum(r[1] for r in replies),
+        COMPLETION: sum(r[2] for r in replies),
+    }
 
 
 def test_a_conversations_turns_go_to_either_process_of_its_engine(stack: Stack, http: httpx.Client):
