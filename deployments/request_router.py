@@ -235,7 +235,7 @@ class PrefixIndex:
 class Routing:
     """What the router knows of one request it has not routed yet."""
 
-    __slots__ = ("hashes", "first_blocks", "home_key", "new", "decision", "preferred", "engines")
+    __slots__ = ("hashes", "first_blocks", "home_key", "new", "decision", "preferred")
 
     def __init__(self, api: str, body: dict[str, Any]) -> None:
         adapter = adapter_of(body)
@@ -252,8 +252,6 @@ class Routing:
         self.decision = "home"
         self.preferred: set[ReplicaID] = set()
         """The replicas `decision` named; another one routed to is a spill."""
-        self.engines: dict[ReplicaID, str] = {}
-        """The engine of each replica it may take."""
 
 
 class ServiceRouter(RequestRouter):
@@ -268,6 +266,7 @@ class ServiceRouter(RequestRouter):
         self._max_imbalance = max_imbalance
         self._index = PrefixIndex()
         self._engines: dict[ReplicaID, str] = {}
+        """The engine of each replica (`engine_of`), as last seen."""
         self._pending: OrderedDict[str, tuple[Routing, PendingRequest]] = OrderedDict()
 
     async def choose_replicas(
@@ -291,7 +290,8 @@ class ServiceRouter(RequestRouter):
             return [two_choices(candidate_replicas)]
         members: dict[str, list[RunningReplica]] = {}
         for replica in candidate_replicas:
-            members.setdefault(engine_of(replica), []).append(replica)
+            engine = self._engines[replica.replica_id] = engine_of(replica)
+            members.setdefault(engine, []).append(replica)
         loads = self._loads(members)
         least = min(loads.values(), default=0)
         depth, holders = self._index.longest(routing.hashes, set(members))
@@ -316,7 +316,6 @@ class ServiceRouter(RequestRouter):
             for replica in members[engine]
         ]
         random.shuffle(preferred)
-        routing.engines = {r.replica_id: engine for engine, rs in members.items() for r in rs}
         routing.preferred = {r.replica_id for r in preferred}
         if not preferred:
             routing.decision = "spill"
@@ -330,7 +329,7 @@ class ServiceRouter(RequestRouter):
         routing, _ = self._pending.pop(pending_request.metadata.internal_request_id, (None, None))
         if routing is None:
             return
-        self._index.add(routing.engines.get(replica_id, replica_id.unique_id), routing.hashes)
+        self._index.add(self._engines.get(replica_id, replica_id.unique_id), routing.hashes)
         # A preferred replica that was full gave way to the next rank: that is a spill too.
         decision = routing.decision if replica_id in routing.preferred else "spill"
         DECISIONS.inc(tags={"model_type": self._model_type, "decision": decision})
