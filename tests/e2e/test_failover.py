@@ -62,18 +62,21 @@ def replicas_of(stack: Stack) -> dict[int, tuple[int, ...]]:
     return wait_until(both, timeout_s=240, interval_s=2)
 
 
-def busiest(replicas: dict[int, tuple[int, ...]]) -> tuple[int, tuple[int, ...]]:
-    """The replica (pid, engine cores) whose engine works hardest now: one that holds requests.
+async def busiest(replicas: dict[int, tuple[int, ...]]) -> tuple[int, tuple[int, ...]]:
+    """The replica (pid, engine cores) that holds the most requests now.
 
     The ingress's router may not know of a replica that has just replaced another (it hears of
-    it by long-poll) and send it nothing: the replica to kill is one seen generating."""
-    engines = {pid: [psutil.Process(core) for core in cores] for pid, cores in replicas.items()}
-    for processes in engines.values():
-        for process in processes:
-            process.cpu_percent(None)
-    time.sleep(0.5)
-    busy = {pid: sum(p.cpu_percent(None) for p in processes) for pid, processes in engines.items()}
-    pid = max(busy, key=busy.__getitem__)
+    it by long-poll) and send it nothing, while that replica's engine may still be busy
+    starting: the replica to kill is one seen holding requests, not one seen busy."""
+    handle = serve.get_deployment_handle(FAST, APP)
+    held: dict[int, int] = {}
+    seen: tuple[str, ...] = ()
+    for _ in range(4 * len(replicas)):  # each call passes over the replicas read already
+        replica, pid, _, running = await handle.served.remote(avoid=seen)
+        seen, held[pid] = (*seen, replica), running
+        if held.keys() >= replicas.keys():
+            break
+    pid = max(replicas, key=lambda p: held.get(p, 0))
     return pid, replicas[pid]
 
 
@@ -175,7 +178,7 @@ async def stream_all(base: str, key: str, apis: tuple[str, str], kill) -> list[d
 
         tasks = [asyncio.create_task(one(i)) for i in range(STREAMS)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=120)
-        kill()
+        await kill()
         return await asyncio.gather(*tasks)
 
 
@@ -217,8 +220,8 @@ def test_sixteen_streams_survive_a_dead_engine_or_replica(
     replicas = replicas_of(stack)
     before = len(log_lines(stack))
 
-    def kill() -> None:
-        pid, cores = busiest(replicas)
+    async def kill() -> None:
+        pid, cores = await busiest(replicas)
         for target in cores if victim == "engine" else (pid,):
             psutil.Process(target).kill()
 
@@ -264,7 +267,7 @@ def test_whole_replies_in_flight_are_redone_on_the_other_replica(stack: Stack, t
                 sum(await asyncio.gather(*(handle.running_requests.remote() for _ in range(8)))) < 8
             ):
                 assert time.monotonic() < deadline, "the replies never started"
-            for core in busiest(replicas)[1]:
+            for core in (await busiest(replicas))[1]:
                 psutil.Process(core).kill()
             return await asyncio.gather(*tasks)
 
