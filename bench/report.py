@@ -93,12 +93,15 @@ def model_line(summary: dict[str, Any]) -> list[str]:
 
 def processes_table(summary: dict[str, Any], n: int) -> str:
     """The service with one serving process and with `n` (deployments/serving_processes.py),
-    each against the bare vLLM runs of its own phase; CPU per output token by process."""
-    return variants_table(summary, f"ours-p{n}", "Serving processes")
+    and bare vLLM with one API server and with `n` (`--api-server-count`, vLLM's own design of
+    the same), each against the bare vLLM runs of its own phase; CPU per output token by process."""
+    return variants_table(
+        summary, ("ours", f"ours-p{n}", "bare", f"bare-a{n}"), "Serving processes"
+    )
 
 
-def variants_table(summary: dict[str, Any], key: str, title: str) -> str:
-    """The service as configured ("ours") and as contender `key` (another setup of it), each
+def variants_table(summary: dict[str, Any], keys: tuple[str, ...], title: str) -> str:
+    """Setups of a server (results keys: "ours", another setup of it, "bare" itself), each
     against the bare vLLM runs of its own phase; CPU per output token by process."""
     r = summary["results"]
     lines = [
@@ -109,8 +112,9 @@ def variants_table(summary: dict[str, Any], key: str, title: str) -> str:
         "|---:|---|---:|---:|---:|---:|---|",
     ]
     for c in _concurrencies(summary):
-        for name in ("ours", key):
-            o, b = r.get(f"{name}-c{c}"), r.get(f"{bare_key(name)}-c{c}")
+        for name in keys:
+            o = r.get(f"{name}-c{c}")
+            b = o if name == "bare" else r.get(f"{bare_key(name)}-c{c}")
             if not o or not b:
                 continue
             per = o.get("front_end_us_per_token")

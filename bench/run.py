@@ -203,6 +203,10 @@ def run_mode(
             {"serving_processes": serving_processes},
             f"serviceai-p{serving_processes}.log",
         )
+        # vLLM's own design of the same: `vllm serve --api-server-count N`, its own phase.
+        contenders[f"bare-a{serving_processes}"] = partial(
+            bare_vllm, target, free_port(), raw, serving_processes
+        )
     if deployed:
         # The same service with the type deployed, a replica of its own (in_ingress off).
         contenders[DEPLOYED] = partial(
@@ -226,7 +230,8 @@ def run_mode(
                 for concurrency, prompts in spec["concurrency"].items():
                     # Profiles come from a round of their own (-1): the sampler slows what it
                     # samples, so that round's figures are not in the medians.
-                    profiled = (profile or mode == "gateway") and name == "ours" and concurrency > 1
+                    # (--profile: every contender; the gateway mode: the service as configured)
+                    profiled = (profile or mode == "gateway" and name == "ours") and concurrency > 1
                     for round_ in range(-1 if profiled else 0, rounds):
                         order = (bare, contender) if round_ % 2 == 0 else (contender, bare)
                         for server, api in [(s, a) for s in order for a in apis]:
@@ -236,11 +241,7 @@ def run_mode(
                             profiling = round_ < 0
                             counting = cpu and concurrency > 1 and not profiling
                             pids = (
-                                (
-                                    replica_pids(contender)
-                                    if server is contender
-                                    else bare_pids(bare)
-                                )
+                                (replica_pids(server) if server.ray_dir else bare_pids(server))
                                 if profiling or counting
                                 else {}
                             )
@@ -328,7 +329,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="also profile the serving runs (py-spy; costs some throughput)",
+        help="also profile each contender's serving runs, in a round of their own "
+        "(py-spy; not counted in the medians)",
     )
     parser.add_argument(
         "--no-cpu",
@@ -447,7 +449,7 @@ def main() -> None:
         if args.serving_processes > 1:
             extra += report.processes_table(summary, args.serving_processes)
         if args.deployed:
-            extra += report.variants_table(summary, DEPLOYED, "The type deployed")
+            extra += report.variants_table(summary, ("ours", DEPLOYED), "The type deployed")
         if extra:
             print(extra)
     else:

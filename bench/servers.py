@@ -147,18 +147,30 @@ def service_config(
     return config
 
 
-def bare_command(target: BenchTarget, port: int) -> list[str]:
-    """vLLM's own OpenAI server on the target, under the name the service gives the model."""
-    return vllm_command(target.model_path(), BENCH_TYPE, port, engine_cli_args(target.engine_args))
+def bare_command(target: BenchTarget, port: int, api_servers: int = 1) -> list[str]:
+    """vLLM's own OpenAI server on the target, under the name the service gives the model; with
+    `api_servers` > 1, `vllm serve --api-server-count` (that many serving processes over one
+    engine core, vLLM's own design of what `serving_processes` builds)."""
+    flags = engine_cli_args(target.engine_args)
+    if api_servers == 1:
+        return vllm_command(target.model_path(), BENCH_TYPE, port, flags)
+    flags += ["--api-server-count", str(api_servers)]
+    return vllm_command(target.model_path(), BENCH_TYPE, port, flags, cli=True)
 
 
-def vllm_command(model: str, served_name: str, port: int, flags: list[str]) -> list[str]:
-    """`vllm serve` of `model` as `served_name` on `port`, with `flags` besides."""
+def vllm_command(
+    model: str, served_name: str, port: int, flags: list[str], cli: bool = False
+) -> list[str]:
+    """`vllm serve` of `model` as `served_name` on `port`, with `flags` besides: the API server's
+    module, or (`cli`) the `vllm serve` command itself, which alone runs several API servers."""
     return [
         str(BIN / "python"),
         "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
+        *(
+            ["bench.vllm_cli", "serve"]
+            if cli
+            else ["vllm.entrypoints.openai.api_server", "--model"]
+        ),
         model,
         "--served-model-name",
         served_name,
@@ -277,10 +289,14 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 
 @contextmanager
-def bare_vllm(target: BenchTarget, port: int, log_dir: Path) -> Iterator[Server]:
-    """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`)."""
-    command = bare_command(target, port)
-    with vllm_server(command, port, log_dir / "bare-vllm.log", target.start_timeout_s) as server:
+def bare_vllm(
+    target: BenchTarget, port: int, log_dir: Path, api_servers: int = 1
+) -> Iterator[Server]:
+    """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`), or with
+    `api_servers` > 1 `vllm serve --api-server-count`."""
+    command = bare_command(target, port, api_servers)
+    log = log_dir / ("bare-vllm.log" if api_servers == 1 else f"bare-vllm-a{api_servers}.log")
+    with vllm_server(command, port, log, target.start_timeout_s) as server:
         yield server
 
 
@@ -473,12 +489,16 @@ def _uses(process: psutil.Process, path: Path) -> bool:
 
 
 def bare_pids(server: Server) -> dict[str, int]:
-    """Pids of the bare vLLM server by role (api server, engine core), for profiling."""
+    """Pids of the bare vLLM server by role (api server, engine core), for profiling. With
+    several API servers the first process only launches and watches them (`api_server`); each
+    is `api_server_1`, ... (vLLM titles them `VLLM::APIServer_0`, ...)."""
     assert server.pid is not None
     found = {"api_server": server.pid}
     for child in _descendants(server.pid):
         if _is_engine_core(child):
             found["engine_core"] = child.pid
+        elif _titled(child, "APIServer"):
+            found[f"api_server_{sum(r.startswith('api_server_') for r in found) + 1}"] = child.pid
     return found
 
 
@@ -547,10 +567,14 @@ def _describe(pid: int) -> str:
 
 
 def _is_engine_core(process: psutil.Process) -> bool:
-    """vLLM titles its engine core process `VLLM::EngineCore`; the kernel's name for it may be
-    cut to 15 characters, the command line is not."""
+    return _titled(process, "EngineCore")
+
+
+def _titled(process: psutil.Process, title: str) -> bool:
+    """vLLM titles its processes `VLLM::EngineCore`, `VLLM::APIServer_0`, ...; the kernel's name
+    for one may be cut to 15 characters, the command line is not."""
     try:
-        return "EngineCore" in process.name() or "EngineCore" in " ".join(process.cmdline())
+        return title in process.name() or title in " ".join(process.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
@@ -558,8 +582,9 @@ def _is_engine_core(process: psutil.Process) -> bool:
 FRONT_ENDS = {"ingress", "model", "proxy", "haproxy", "api_server"}
 """The roles on the serving path that are neither the engine core nor its worker: a model
 replica's or api_server's engine children are not counted with them (cpu_profile); with the
-model replica's serving processes (`serving_1`, ...: `front_end`)."""
+model replica's serving processes (`serving_1`, ...) and bare vLLM's several API servers
+(`api_server_1`, ...: `front_end`)."""
 
 
 def front_end(role: str) -> bool:
-    return role in FRONT_ENDS or role.startswith("serving_")
+    return role in FRONT_ENDS or role.startswith(("serving_", "api_server_"))

@@ -122,3 +122,21 @@ def test_the_machine_names_its_gpus(monkeypatch):
     assert ", 2x NVIDIA H100 80GB HBM3, Python " in report.machine()
     monkeypatch.setattr(report, "gpu_names", lambda: [])
     assert ", no GPU, Python " in report.machine()
+
+
+def test_the_processes_table_sets_both_designs_against_bare_with_one_process():
+    summary = _summary()
+    r = summary["results"]
+    r["bare-c32"]["us_per_token_by_process"] = {"api_server": 100.0}
+    r["ours-p2-c32"] = _metrics(700, 14)
+    r["bare-ours-p2-c32"] = _metrics(1000, 10)
+    r["bare-a2-c32"] = {**_metrics(1100, 9), "front_end_us_per_token": 130.0}
+    r["bare-a2-c32"]["us_per_token_by_process"] = {"api_server_1": 61.0, "api_server_2": 60.0}
+    r["bare-bare-a2-c32"] = _metrics(1000, 10)
+    table = report.processes_table(summary, 2)
+    assert "| 32 | ours-p2 | 700 (0.70) | 14.0 (1.40) |" in table
+    assert "| 32 | bare | 1000 (1.00) | 10.0 (1.00) | 9.0 (1.00) |  | api_server 100 |" in table
+    assert (
+        "| 32 | bare-a2 | 1100 (1.10) | 9.0 (0.90) | 9.0 (1.00) | 130 | api_server_1 61, "
+        "api_server_2 60 |"
+    ) in table

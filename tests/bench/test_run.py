@@ -100,6 +100,18 @@ def test_on_a_gpu_node_both_servers_serve_the_operators_model_with_the_same_engi
     assert (parsed.max_model_len, parsed.max_num_seqs, parsed.dtype) == (2048, 256, "bfloat16")
     assert (parsed.kv_cache_memory_bytes, parsed.max_num_batched_tokens) == (17179869184, 8192)
 
+    # vLLM's several API servers over one engine: only the `vllm serve` command runs them
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+
+    several = bare_command(target, 8100, api_servers=4)
+    assert several[1:5] == ["-m", "bench.vllm_cli", "serve", "org/m"]
+    vllm = FlexibleArgumentParser()
+    serve = ServeSubcommand()
+    serve.subparser_init(vllm.add_subparsers()).set_defaults(dispatch_function=serve.cmd)
+    parsed = vllm.parse_args(several[3:])
+    serve.validate(parsed)
+    assert (parsed.model_tag, parsed.api_server_count, parsed.max_num_seqs) == ("org/m", 4, 256)
+
     [app] = service_config(target, 8000)["applications"]
     [ours] = ServiceConfig.model_validate(app["args"]).model_types
     assert ours.resolved_model({"SERVICEAI_MODEL_FAST": "other/model"}) == "org/m"
