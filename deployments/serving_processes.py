@@ -35,6 +35,8 @@ from typing import Any, NamedTuple
 import psutil
 import ray
 
+from deployments.process_watch import first_to_end
+
 logger = logging.getLogger("ray.serve")
 
 MEET_POLL_S = 0.2
@@ -95,15 +97,7 @@ def _end_if_gone(pids: list[int], started: threading.Event) -> None:
     of replicas for good)."""
 
     def watch() -> None:
-        try:
-            watched = [psutil.Process(pid) for pid in pids]
-        except psutil.NoSuchProcess:
-            watched = []  # gone already
-        while watched and not started.is_set():
-            gone, _ = psutil.wait_procs(watched, timeout=MEET_POLL_S)
-            if gone:
-                break
-        if started.is_set():
+        if not first_to_end(pids, started.is_set) or started.is_set():
             return
         logger.error("The gang's engine core or first replica ended while this one started")
         os._exit(1)

@@ -19,7 +19,6 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import psutil
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -29,6 +28,8 @@ from vllm.v1.engine.utils import (
     launch_core_engines,
 )
 from vllm.v1.executor import Executor
+
+from deployments.process_watch import first_to_end
 
 
 class EngineClient(NamedTuple):
@@ -77,28 +78,16 @@ class SharedEngine:
         return engine
 
 
-CORE_WATCH_S = 0.25
-"""How often a client of a core another process launched looks whether the core still runs."""
-
-
 def watch_core(engine: AsyncLLM, pids: Sequence[int]) -> None:
     """A client of a core another process launched learns of the core's death as client 0 does
     from vLLM's monitor: the client is marked dead and shut down, so that its requests fail at
     once with vLLM's EngineDeadError (and its health check) instead of waiting for outputs that
     never come. `pids`: the core's processes (on this node: the clients reach it by IPC)."""
-    try:
-        processes = [psutil.Process(pid) for pid in pids]
-    except psutil.NoSuchProcess:
-        processes = []
     client = weakref.ref(engine.engine_core)
 
     def watch() -> None:
-        while processes:
-            gone, _ = psutil.wait_procs(processes, timeout=CORE_WATCH_S)
-            if gone:
-                break
-            if client() is None:  # the engine was shut down and collected
-                return
+        if not first_to_end(pids, lambda: client() is None):
+            return  # the engine was shut down and collected
         core = client()
         if core is None or core.resources.engine_dead:
             return
