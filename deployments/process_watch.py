@@ -21,7 +21,10 @@ def first_to_end(pids: Sequence[int], give_up: Callable[[], bool]) -> bool:
     wait is on the processes' pidfds, as vLLM's monitor waits on its children's sentinels: the
     thread wakes only to ask `give_up` (every GIVE_UP_CHECK_S), so it neither costs the serving
     process CPU nor takes its GIL while the core runs (a poll every POLL_S did, ~4 us per
-    token of a serving process at c=32: bench/NOTES.md). Elsewhere it polls."""
+    token of a serving process at c=32: bench/NOTES.md). Elsewhere it polls. With no `pids`
+    there is nothing left to wait for (True)."""
+    if not pids:
+        return True
     with contextlib.ExitStack() as opened:
         try:
             fds = [opened.enter_context(_pidfd(pid)) for pid in pids]

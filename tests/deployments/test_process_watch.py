@@ -46,6 +46,7 @@ def test_the_wait_gives_up_when_asked_and_a_gone_process_has_ended_already(monke
         sleeper.kill()
         sleeper.wait()
     assert first_to_end([sleeper.pid], lambda: False) is True  # reaped: no such process
+    assert first_to_end([], lambda: False) is True
 
 
 def test_without_pidfds_the_wait_polls(monkeypatch):
