@@ -19,7 +19,8 @@ WATCH = (
     "haproxy",
     "ProxyActor",
     "api_server",
-    "ApiServer",
+    "cli.main serve",
+    "APIServer",
     "ServeController",
 )
 MIN_TICKS = 50

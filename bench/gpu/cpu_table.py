@@ -1,6 +1,8 @@
 """CPU per process during the busy part of each run, from cpu_snap.py's samples (bench.sh writes
 them as logs/cpu_<run>.txt at c >= 128). Busy: the samples over which the run's vLLM engine core
-(the busiest one) used more than 30% of a core. 100% is one core. Prints a markdown table.
+(the busiest one) used more than 30% of a core. 100% is one core. Prints a markdown table. A
+role held by several busy processes (a gang's members, `vllm serve --api-server-count`'s API
+servers) shows their sum, their count and the hottest one: one process's share is the ceiling.
 
     python3 cpu_table.py LOGS_DIR
 """
@@ -12,7 +14,10 @@ from typing import Any
 ROLES = (
     ("Ingress", "ServeReplica:serviceai:Ingress"),
     ("model replica", "ServeReplica:serviceai:ServiceAi-Fast"),
-    ("bare API server", "vllm.entrypoints.openai.api_server"),
+    ("Pro replicas", "ServeReplica:serviceai:ServiceAi-Pro"),
+    # one API server: the module's own process (gpu_run.sh), or `vllm serve`'s (processes_bench.sh)
+    ("bare API server", ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main serve")),
+    ("bare API servers", "VLLM::APIServer"),
     ("EngineCore", "VLLM::EngineCore"),
     ("HAProxy", "haproxy"),
     ("ProxyActor", "ProxyActor"),
@@ -21,7 +26,9 @@ ROLES = (
     ("gcs_server", "gcs_server"),
     ("ServeController", "ServeController"),
 )
-HOT_THREADS = ("Ingress", "model replica", "bare API server", "EngineCore")
+HOT_THREADS = ("Ingress", "model replica", "Pro replicas", "bare API server", "EngineCore")
+BUSY = 5.0
+"""Percent of a core over the window below which a process is not counted as one of its role's."""
 TICKS_PER_S = 100
 
 
@@ -64,12 +71,21 @@ def shares(path: Path) -> dict[str, Any]:
     window = s[b]["t"] - s[a]["t"]
     out: dict[str, Any] = {"window_s": window}
     for role, pattern in ROLES:
-        pids = [p for p, c in cmd.items() if pattern in c and (role != "EngineCore" or p == engine)]
+        patterns = (pattern,) if isinstance(pattern, str) else pattern
+        pids = [
+            p
+            for p, c in cmd.items()
+            if any(m in c for m in patterns) and (role != "EngineCore" or p == engine)
+        ]
         if not pids:
             continue
         # a process born inside the window counts from its first sample
-        used = sum(s[b]["P"].get(p, 0) - s[a]["P"].get(p, s[b]["P"].get(p, 0)) for p in pids)
-        out[role] = 100 * used / TICKS_PER_S / window
+        used = [s[b]["P"].get(p, 0) - s[a]["P"].get(p, s[b]["P"].get(p, 0)) for p in pids]
+        each = [100 * u / TICKS_PER_S / window for u in used]
+        out[role] = sum(each)
+        busy = [e for e in each if e >= BUSY]
+        if len(busy) > 1:
+            out[role + " processes"] = (len(busy), max(busy))
         hot = [
             (
                 s[b]["H"][k][0] - s[a]["H"].get(k, (s[b]["H"][k][0],))[0],
@@ -99,6 +115,9 @@ def table(folder: Path) -> str:
                 continue
             hot = r.get(role + " hot")
             cell = f"{r[role]:.0f}%"
+            if role + " processes" in r:
+                count, hottest = r[role + " processes"]
+                cell += f" in {count} processes, hottest {hottest:.0f}%"
             if hot and r[role] >= 10 and role in HOT_THREADS:
                 cell += f" ({hot[1]} thread {hot[0]:.0f}%)"
             cells.append(cell)
