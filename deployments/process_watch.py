@@ -55,10 +55,7 @@ def _poll_until_one_ends(pids: Sequence[int], give_up: Callable[[], bool]) -> bo
         processes = [psutil.Process(pid) for pid in pids]
     except psutil.NoSuchProcess:
         return True
-    while processes:
-        gone, _ = psutil.wait_procs(processes, timeout=POLL_S)
-        if gone:
-            return True
+    while not psutil.wait_procs(processes, timeout=POLL_S)[0]:
         if give_up():
             return False
     return True
