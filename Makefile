@@ -37,9 +37,10 @@ $(NODE_CLIENTS)/node_modules/.installed: $(NODE_CLIENTS)/package.json $(NODE_CLI
 run: install
 	$(BIN)/serviceai run
 
-# Throw-away PostgreSQL and Redis where the machine's own do not answer (tests/with_services.sh).
+# Throw-away PostgreSQL and Redis where the machine's own do not answer (tests/with_services.sh);
+# the 40 slowest steps are listed, to keep the suite within CI's time.
 test: install browser node-clients lint
-	PYTHON=$(BIN)/python tests/with_services.sh $(BIN)/python -m pytest
+	PYTHON=$(BIN)/python tests/with_services.sh $(BIN)/python -m pytest --durations=40
 
 # Rehearse a rollout without GPUs: cluster.yaml's node types as `ray start` nodes on this machine,
 # then `serve deploy` of the production config with the tiny model (docs/deploy.md, "Rehearse").

@@ -39,6 +39,11 @@ STATE_FILE = "cluster.json"
 NODE_CPUS = 2
 HOST = "127.0.0.1"
 START_ATTEMPTS = 3
+START_TIMEOUT_S = 120
+"""How long one `ray start` may take before the attempt counts as failed."""
+REGISTER_WAIT_S = 300
+"""How long a node whose `ray start` gave up on Ray's own wait for its raylet is given still
+to register (see LocalCluster._registers_late)."""
 NODE_LABEL = "serviceai-node"
 """The label that names a rehearsal node (`ray list nodes`: labels)."""
 GCS_RECONNECT_S = 600
@@ -267,7 +272,11 @@ class LocalCluster:
             node = Node(name, process.pid, http_port)
             self.nodes[name] = node
             self._save()
-            if process.wait(timeout=120) == 0:
+            try:
+                started = process.wait(timeout=START_TIMEOUT_S) == 0
+            except subprocess.TimeoutExpired:
+                started = False
+            if started or self._registers_late(node, log_path):
                 return node
             # Whatever this try left running (a raylet that never registered) goes first.
             del self.nodes[name]
@@ -278,6 +287,81 @@ class LocalCluster:
         raise RuntimeError(
             f"`ray start` of {name} failed {START_ATTEMPTS} times; the end of {log_path}:\n{tail}"
         )
+
+    def _registers_late(self, node: Node, log_path: Path) -> bool:
+        """Whether a node whose `ray start` gave up waiting for it registers after all.
+
+        Ray waits a fixed 30 s for the new raylet to register with the GCS (ray/_private/
+        node.py, `raylet_start_wait_time_s`), and that wait is the last thing `ray start` does:
+        when it runs out, every process it started runs on. A restarted head's GCS, reading the
+        cluster back from its store while every worker node's processes reconnect on a loaded
+        machine, took longer (two CI runs of 2026-11-30: "Failed to get node info: Deadline
+        Exceeded", then the timeout, three attempts in a row). Killing such a node and starting
+        it again only made the GCS read the cluster back once more; waiting lets it finish."""
+        if "timed out during startup" not in log_path.read_text(errors="replace")[-4000:]:
+            return False
+        with open(log_path, "a") as log:
+            log.write(f"--- waiting up to {REGISTER_WAIT_S} s for {node.name} to register\n")
+        deadline = time.monotonic() + REGISTER_WAIT_S
+        while time.monotonic() < deadline and session_processes(node.session):
+            if node.name in self._alive_or_none():
+                with open(log_path, "a") as log:
+                    log.write(f"--- {node.name} registered\n")
+                return True
+            time.sleep(2)
+        return False
+
+    def _alive_or_none(self) -> dict[str, dict[str, Any]]:
+        """alive_nodes, or none while the head does not answer (its GCS or dashboard still
+        starting)."""
+        try:
+            return self.alive_nodes()
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, ValueError):
+            return {}
+
+    def ray_list(self, kind: str, *filters: str) -> list[dict[str, Any]]:
+        """`ray list KIND --detail` as JSON (actors, nodes, placement-groups), asked of the
+        head's dashboard with this cluster's token, as an operator asks."""
+        command = [
+            str(Path(sys.executable).with_name("ray")),
+            "list",
+            kind,
+            "--detail",
+            "--format=json",
+            "--limit=10000",
+            f"--address={self.dashboard_url}",
+            *(f"--filter={f}" for f in filters),
+        ]
+        try:
+            return self._json_of(command)
+        except subprocess.TimeoutExpired:
+            return self._json_of(command)  # once more
+
+    def _json_of(self, command: list[str]) -> Any:
+        """The JSON a CLI command prints. On a loaded machine (a fresh CI run of 2026-11-28,
+        during a rolling update) `ray list` printed its whole answer and then did not exit
+        within the minute: what it printed counts."""
+        try:
+            result = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, **self.env},
+                check=True,
+            )
+        except subprocess.TimeoutExpired as exc:
+            output = exc.output.decode() if isinstance(exc.output, bytes) else exc.output
+            try:
+                return json.loads(output or "")
+            except ValueError:
+                raise exc from None
+        return json.loads(result.stdout)
+
+    def alive_nodes(self) -> dict[str, dict[str, Any]]:
+        """The alive nodes by their rehearsal name (the node's label; Ray's own node name is
+        its address, the same for all of them on one machine)."""
+        return {n["labels"][NODE_LABEL]: n for n in self.ray_list("nodes", "state=ALIVE")}
 
     def _node_env(self, http_port: int) -> dict[str, str]:
         """Serve's runtime for this node: its own HAProxy ports (one machine). HAProxy's files

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from rehearsal.cluster import NODE_LABEL, LocalCluster
+from rehearsal.cluster import LocalCluster
 from rehearsal.service import cluster_up, create_api_key, serve_deploy, serve_status
 from tests.conftest import REDIS
 
@@ -74,43 +74,7 @@ class Rehearsal:
         return self.status()["applications"].get(app, {}).get("status", "")
 
     def ray_list(self, kind: str, *filters: str) -> list[dict[str, Any]]:
-        """`ray list KIND --detail` as JSON (actors, nodes, placement-groups)."""
-        command = [
-            str(Path(sys.executable).with_name("ray")),
-            "list",
-            kind,
-            "--detail",
-            "--format=json",
-            "--limit=10000",
-            f"--address={self.cluster.dashboard_url}",
-        ]
-        for f in filters:
-            command.append(f"--filter={f}")
-        try:
-            return self._json_of(command)
-        except subprocess.TimeoutExpired:
-            return self._json_of(command)  # once more
-
-    def _json_of(self, command: list[str]) -> Any:
-        """The JSON a CLI command prints. On a loaded machine (a fresh CI run of 2026-11-28,
-        during a rolling update) `ray list` printed its whole answer and then did not exit
-        within the minute: what it printed counts."""
-        try:
-            result = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                env={**os.environ, **self.cluster.env},
-                check=True,
-            )
-        except subprocess.TimeoutExpired as exc:
-            output = exc.output.decode() if isinstance(exc.output, bytes) else exc.output
-            try:
-                return json.loads(output or "")
-            except ValueError:
-                raise exc from None
-        return json.loads(result.stdout)
+        return self.cluster.ray_list(kind, *filters)
 
     def placement_group(self, group_id: str) -> dict[str, Any]:
         """Ray's own record of a placement group (strategy, bundles, bundle -> node)."""
@@ -130,9 +94,7 @@ class Rehearsal:
         return json.loads(result.stdout.strip().splitlines()[-1])
 
     def alive_nodes(self) -> dict[str, dict[str, Any]]:
-        """The alive nodes by their rehearsal name (the node's label; Ray's own node name is
-        its address, the same for all of them on one machine)."""
-        return {n["labels"][NODE_LABEL]: n for n in self.ray_list("nodes", "state=ALIVE")}
+        return self.cluster.alive_nodes()
 
     def node_origin(self, node: str) -> str:
         """That node's proxy (HAProxy): where a client connects if the balancer sends it there."""
