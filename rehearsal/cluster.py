@@ -41,6 +41,10 @@ HOST = "127.0.0.1"
 START_ATTEMPTS = 3
 START_TIMEOUT_S = 120
 """How long one `ray start` may take before the attempt counts as failed."""
+WORKER_NICENESS = 10
+"""Worker nodes run below the head's CPU priority: in production the head is a machine of its
+own (cluster.yaml: CPU 0), so its GCS, dashboard and agents never wait for an engine's CPU;
+on one machine they would (see LocalCluster.add_node)."""
 REGISTER_WAIT_S = 300
 """How long a node whose `ray start` gave up on Ray's own wait for its raylet is given still
 to register (see LocalCluster._registers_late)."""
@@ -207,7 +211,11 @@ class LocalCluster:
         ]
         if node_type.resources:
             flags.append(f"--resources={json.dumps(node_type.resources)}")
-        return self._start(name, free_port(), flags)
+        # Everything the node starts (raylet, replicas, engines) inherits the niceness. A head
+        # started again beside busy engines on a slowed machine (two busy loops on two cores)
+        # lost its raylet: its dashboard agent took 15 s to start, longer than the raylet waits
+        # for the agent's port file; the same `ray start` failed so in CI runs of 2026-11-30.
+        return self._start(name, free_port(), flags, niceness=WORKER_NICENESS)
 
     def kill_node(self, name: str) -> None:
         """The node is lost: every process of its session gets SIGKILL, nothing shuts down
@@ -230,7 +238,7 @@ class LocalCluster:
         if self.gcs_store:
             clear_gcs_store(self.gcs_store, self.env["RAY_external_storage_namespace"])
 
-    def _start(self, name: str, http_port: int, flags: list[str]) -> Node:
+    def _start(self, name: str, http_port: int, flags: list[str], niceness: int = 0) -> Node:
         """`ray start`, tried again with fresh ports if it fails: on a loaded machine a node can
         lose a port it was given, or miss Ray's 30 s to register with the GCS."""
         if name in self.nodes:
@@ -239,6 +247,7 @@ class LocalCluster:
         log_path = self.root / f"{name}.start.log"
         for attempt in range(1, START_ATTEMPTS + 1):
             command = [
+                *(["nice", "-n", str(niceness)] if niceness else []),
                 str(Path(sys.executable).with_name("ray")),
                 "start",
                 f"--node-ip-address={HOST}",
