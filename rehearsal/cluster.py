@@ -302,11 +302,12 @@ class LocalCluster:
 
         Ray waits a fixed 30 s for the new raylet to register with the GCS (ray/_private/
         node.py, `raylet_start_wait_time_s`), and that wait is the last thing `ray start` does:
-        when it runs out, every process it started runs on. A restarted head's GCS, reading the
-        cluster back from its store while every worker node's processes reconnect on a loaded
-        machine, took longer (two CI runs of 2026-11-30: "Failed to get node info: Deadline
-        Exceeded", then the timeout, three attempts in a row). Killing such a node and starting
-        it again only made the GCS read the cluster back once more; waiting lets it finish."""
+        when it runs out, every process it started runs on, and a raylet or GCS that is only
+        slow (a loaded machine; checked with the raylet stopped for 45 s) registers later.
+        Killing it and starting again would restart the wait, and, for a head, make its GCS
+        read the cluster back once more. The wait ends early only when every process of the
+        node is gone: a raylet that died beside a running GCS (see add_node) costs the whole
+        REGISTER_WAIT_S before the next attempt."""
         if "timed out during startup" not in log_path.read_text(errors="replace")[-4000:]:
             return False
         with open(log_path, "a") as log:
