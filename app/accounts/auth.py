@@ -74,6 +74,8 @@ class Caller:
     key_limits: KeyLimits | None = None
     key_monthly_tokens: int | None = None
     user_monthly_tokens: int | None = None
+    manage_keys: bool = True
+    """It may create, change, rotate and revoke its user's keys (app.accounts.scopes)."""
 
     def ended(self, moment: datetime) -> str | None:
         """Why the key no longer works at `moment` (checked on every request, whatever the
@@ -95,6 +97,7 @@ class Caller:
             expires_at=self.expires_at,
             limits=self.key_limits,
             monthly_tokens=self.key_monthly_tokens,
+            manage_keys=self.manage_keys,
         )
 
 
@@ -132,6 +135,7 @@ def verdict_of(owner: KeyOwner | None, key_hash: str) -> Verdict:
         key_limits=None if limits is None or limits.is_empty() else limits,
         key_monthly_tokens=scopes.monthly_tokens,
         user_monthly_tokens=owner.user_monthly_tokens,
+        manage_keys=scopes.manage_keys,
     )
 
 

@@ -71,6 +71,12 @@ TpdOption = typer.Option(None, "--tokens-per-day", help="The key's own daily tok
 MonthlyOption = typer.Option(
     None, "--monthly-tokens", help="The key's token budget per UTC calendar month."
 )
+ManageKeysOption = typer.Option(
+    None,
+    "--manage-keys/--no-manage-keys",
+    help="Whether it may create, change, rotate and revoke its user's keys through the "
+    "account API (a new key may unless --no-manage-keys).",
+)
 
 
 def scope_fields(
@@ -107,6 +113,7 @@ def print_scopes(key: ApiKey) -> None:
         f"{key.expires_at.isoformat().replace('+00:00', 'Z') if key.expires_at else 'never'}; "
         f"limits: {', '.join(f'{k} {v}' for k, v in limits.items()) or 'the plan only'}; "
         f"monthly tokens: {key.monthly_tokens if key.monthly_tokens is not None else 'no budget'}"
+        f"; manages keys: {'yes' if key.manage_keys else 'no'}"
     )
 
 
@@ -122,6 +129,7 @@ def create_key(
     concurrent_requests: int = ConcurrentOption,
     tokens_per_day: int = TpdOption,
     monthly_tokens: int = MonthlyOption,
+    manage_keys: bool | None = ManageKeysOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Create a key, scoped if asked, and print it once (the store keeps only its hash)."""
@@ -135,6 +143,7 @@ def create_key(
         ApiKeyCreate,
         name=name,
         **scope_fields(models, expires_in, expires_at, limits, monthly_tokens),
+        **({} if manage_keys is None else {"manage_keys": manage_keys}),
     )
     key = with_store(
         lambda store: store.create_key(user, body.name, body, actor=Actor.command_line())
@@ -159,6 +168,7 @@ def update_key(
     concurrent_requests: int = ConcurrentOption,
     tokens_per_day: int = TpdOption,
     monthly_tokens: int = MonthlyOption,
+    manage_keys: bool | None = ManageKeysOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Change a key's scopes: what is given replaces what it had; the rest stays. Replicas see
@@ -174,6 +184,8 @@ def update_key(
         fields["models"] = None
     if no_expiry:
         fields["expires_at"] = None
+    if manage_keys is not None:
+        fields["manage_keys"] = manage_keys
     given = {name: value for name, value in limits.items() if value is not None}
 
     async def update(store: KeyStore) -> ApiKey:

@@ -44,6 +44,7 @@ _LABELS = {
     "concurrent_requests": "Requests at once",
     "tokens_per_day": "Tokens per day",
     "monthly_tokens": "Tokens per month",
+    "no_key_management": "Cannot manage keys",
     "models": "Model types",
     "plan": "Plan",
     "role": "Role",
@@ -84,6 +85,8 @@ class KeyForm(BaseModel):
     concurrent_requests: Count | None = None
     tokens_per_day: TokenCount | None = None
     monthly_tokens: TokenCount | None = None
+    no_key_management: bool = False
+    """A ticked box: the key may not create, change, rotate or revoke keys through the API."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -115,6 +118,7 @@ class KeyForm(BaseModel):
             else datetime.combine(self.expires_on, time(), UTC),
             limits=limits or None,
             monthly_tokens=self.monthly_tokens,
+            manage_keys=not self.no_key_management,
         )
 
 

@@ -91,12 +91,12 @@ async def adapter_path(
 
 def check_adapter(adapter: str, model_type: str, held: tuple[str, ...]) -> None:
     """An adapter the type does not hold (`held`: configured and registered) is a model that
-    does not exist: 404."""
+    does not exist: 404, naming none (GET /v1/models lists those the caller's key may call)."""
     if adapter not in held:
         raise ApiError(
             404,
             f"The model '{adapter[:100]}' does not exist: {model_type} has no adapter of that "
-            f"name. Its adapters: {', '.join(held) or 'none'}.",
+            "name. GET /v1/models lists the adapters this API key may call.",
             param="model",
             code="model_not_found",
         )

@@ -11,7 +11,7 @@ import fnmatch
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import TypeVar
 
 from ray.exceptions import RayActorError
@@ -304,18 +304,23 @@ class ModelEndpoints:
     def names(self) -> Sequence[str]:
         return list(self._endpoints)
 
-    def get(self, model: str) -> ModelEndpoint:
+    def get(self, model: str, scope: Collection[str] | None = None) -> ModelEndpoint:
         """The endpoint of a model type (by its name, an alias, or `Type:adapter` for one of
         its LoRA adapters, which the type's replicas say they hold), healthy or not; 404 for an
-        unknown model."""
+        unknown model, naming the models of `scope` (a key's, None: every type) that exist."""
         endpoint = self._endpoints.get(model) or self._aliased(model)
         if endpoint is None and ":" in model:
             endpoint = self._endpoints.get(model.partition(":")[0])
         if endpoint is None:
+            available = [
+                name
+                for name in (self._endpoints if scope is None else sorted(scope))
+                if name.partition(":")[0] in self._endpoints
+            ]
             raise ApiError(
                 404,
                 f"The model '{model[:100]}' does not exist. "
-                f"Available models: {', '.join(self._endpoints)}.",
+                f"Available models: {', '.join(available) or 'none for this API key'}.",
                 param="model",
                 code="model_not_found",
             )

@@ -93,9 +93,7 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     """Serve one request of any API (see the module's docstring for the steps)."""
     models: ModelEndpoints = request.app.state.models
     limits: RateLimits = request.app.state.limits
-    adapter = adapter_named(call.model, models.get(call.model).name)
-    check_allowed(caller, adapter or models.get(call.model).name)
-    endpoint = models.resolve(call.model)
+    endpoint, adapter = target(models, caller, call.model)
     record = record_of(request)
     record.model_type = endpoint.name  # a 429 below is counted against the type it asked for
     call.check_fields()
@@ -151,6 +149,16 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
         headers={**SSE_HEADERS, **ticket.headers},
         on_close=tally.on_close(parts),
     )
+
+
+def target(models: ModelEndpoints, caller: Caller, model: str) -> tuple[ModelEndpoint, str | None]:
+    """The endpoint and the LoRA adapter (or None) a request for `model` goes to: 404 for a
+    model that does not exist (naming only those the key may call), 403 for one the key may
+    not call, 503 for a type with no replica."""
+    name = models.get(model, caller.models).name
+    adapter = adapter_named(model, name)
+    check_allowed(caller, adapter or name)
+    return models.resolve(model), adapter
 
 
 def check_allowed(caller: Caller, model: str) -> None:

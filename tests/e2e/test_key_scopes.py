@@ -4,11 +4,13 @@ request rate and a monthly budget; the official client sees OpenAI's errors."""
 from __future__ import annotations
 
 import secrets
+from datetime import datetime
 
+import httpx
 import openai
 import pytest
 
-from tests.conftest import Stack
+from tests.conftest import Stack, error_of
 from tests.e2e.conftest import serviceai_cli
 from tests.e2e.test_limits import usage_of
 
@@ -78,3 +80,58 @@ def test_an_expired_key_and_a_spent_monthly_budget(stack: Stack):
         "used": used,
         "left": 300 - used,
     }
+
+
+def test_a_narrow_key_can_do_no_more_than_its_owner_gave_it(stack: Stack):
+    """Issue 70's holes, as an attacker holding one narrow key tried them: a key made without
+    key management rotates, revokes, changes and creates nothing (403, nothing changed); a
+    managing key for one type rotates a wider key into one no wider than itself; a key with a
+    budget of its own mints no key that would start that budget afresh."""
+    owner = scoped_key(stack)
+    user = owner["user_id"]
+
+    def key(*options: str) -> dict:
+        made = serviceai_cli(
+            stack.database_url, "keys", "create", "--user", user, *options, "--json"
+        )
+        stack.secrets.append(made["key"])
+        return made
+
+    ci = key("--models", "ServiceAi-Coder", "--expires-in", "1h", "--no-manage-keys")
+    api = httpx.Client(base_url=stack.origin, timeout=60)
+    as_ci = {"Authorization": f"Bearer {ci['key']}"}
+    for method, path, body in [
+        ("POST", f"/v1/account/keys/{owner['id']}/rotate", {"grace_seconds": 0}),
+        ("DELETE", f"/v1/account/keys/{owner['id']}", None),
+        ("PATCH", f"/v1/account/keys/{owner['id']}", {"models": ["ServiceAi-Coder"]}),
+        ("POST", "/v1/account/keys", {"models": ["ServiceAi-Coder"]}),
+    ]:
+        refused = api.request(method, path, json=body, headers=as_ci)
+        assert error_of(refused, 403)["code"] == "key_management_not_allowed", (method, path)
+    wide = openai.OpenAI(base_url=stack.base_url, api_key=owner["key"], max_retries=0)
+    assert wide.chat.completions.create(model="ServiceAi-Fast", messages=HI, max_tokens=2)
+
+    narrow = key("--models", "ServiceAi-Coder", "--expires-in", "1h")
+    rotated = api.post(
+        f"/v1/account/keys/{owner['id']}/rotate",
+        json={"grace_seconds": 3600},
+        headers={"Authorization": f"Bearer {narrow['key']}"},
+    )
+    assert rotated.status_code == 201, rotated.text
+    new = rotated.json()
+    stack.secrets.append(new["key"])
+    assert new["models"] == ["ServiceAi-Coder"]
+    expiry = [datetime.fromisoformat(k["expires_at"]).timestamp() for k in (new, narrow)]
+    assert abs(expiry[0] - expiry[1]) < 1
+    minted = openai.OpenAI(base_url=stack.base_url, api_key=new["key"], max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError) as denied:
+        minted.chat.completions.create(model="ServiceAi-Fast", messages=HI, max_tokens=2)
+    assert denied.value.body["code"] == "model_not_allowed"
+
+    budgeted = key("--monthly-tokens", "60")
+    child = api.post(
+        "/v1/account/keys",
+        json={"monthly_tokens": 60},
+        headers={"Authorization": f"Bearer {budgeted['key']}"},
+    )
+    assert error_of(child, 403)["code"] == "key_has_limits"

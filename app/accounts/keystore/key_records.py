@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Insert, bindparam, func, insert, literal, or_, select, update
+from sqlalchemy import Insert, Select, bindparam, func, insert, literal, or_, select, update
 
 from app.accounts.keystore import audit, keygen
 from app.accounts.keystore.audit import Actor
@@ -42,6 +42,7 @@ SCOPE_COLUMNS = (
     "concurrent_requests",
     "tokens_per_day",
     "monthly_tokens",
+    "manage_keys",
 )
 
 
@@ -153,17 +154,36 @@ class KeyRecords:
         *,
         owner_id: str | None = None,
         actor: Actor | None = None,
+        scopes: Callable[[KeyScopes], KeyScopes] | None = None,
     ) -> IssuedApiKey:
-        """A new key with the old one's name and scopes; the old one keeps working for `grace`,
-        then is revoked. Both in one transaction."""
+        """A new key with the old one's name and scopes (`scopes` of them, when given); the old
+        one keeps working for `grace`, then is revoked. Both in one transaction; the new key
+        counts against the user's most keys while the old one is in its grace."""
         issued = keygen.issue()
         async with self.database.transaction() as session:
             old = await find_key(session, key_id, owner_id)
+            if self.database.dialect == "postgresql":
+                await session.execute(
+                    select(UserRow.id).where(UserRow.id == old.user_id).with_for_update()
+                )
             moment = now()
             if old.revoked_at is not None and old.revoked_at <= moment:
                 raise KeyNotFound(
                     f"API key '{key_id}' is revoked: there is nothing to rotate.", param="key_id"
                 )
+            ends = moment + grace
+            old.revoked_at = ends if old.revoked_at is None else min(old.revoked_at, ends)
+            # Written first: SQLite takes its write lock here, so the count below is atomic.
+            await session.flush()
+            if await session.scalar(_active_keys(old.user_id)) >= self.max_keys_per_user:
+                raise KeyLimitReached(
+                    f"User {old.user_id} already holds {self.max_keys_per_user} active keys "
+                    "(a key in a rotation's grace counts), the most allowed: revoke one first, "
+                    "or rotate with grace_seconds 0."
+                )
+            kept = KeyScopes.model_validate(
+                key_of(old).model_dump(include=set(KeyScopes.model_fields))
+            )
             row = ApiKeyRow(
                 id=keygen.new_id("key"),
                 user_id=old.user_id,
@@ -172,14 +192,7 @@ class KeyRecords:
                 name=old.name,
                 created_at=moment,
             )
-            _set_scopes(
-                row,
-                KeyScopes.model_validate(
-                    key_of(old).model_dump(include=set(KeyScopes.model_fields))
-                ),
-            )
-            ends = moment + grace
-            old.revoked_at = ends if old.revoked_at is None else min(old.revoked_at, ends)
+            _set_scopes(row, kept if scopes is None else scopes(kept))
             session.add(row)
             audit.record(
                 session,
@@ -246,17 +259,25 @@ def _set_scopes(row: ApiKeyRow, scopes: KeyScopes) -> None:
     row.concurrent_requests = limits.concurrent_requests
     row.tokens_per_day = limits.tokens_per_day
     row.monthly_tokens = scopes.monthly_tokens
+    row.manage_keys = scopes.manage_keys
+
+
+def _active_keys(user_id: str) -> Select:
+    """How many keys of the user work now: not revoked, or rotated away and in their grace."""
+    return (
+        select(func.count())
+        .select_from(ApiKeyRow)
+        .where(
+            ApiKeyRow.user_id == user_id,
+            or_(ApiKeyRow.revoked_at.is_(None), ApiKeyRow.revoked_at > now()),
+        )
+    )
 
 
 def _insert_within_limit(row: ApiKeyRow, max_keys: int) -> Insert:
     """INSERT the key only while its owner holds fewer than `max_keys` active keys."""
     columns = ("id", "user_id", "key_hash", "display", "name", "created_at", *SCOPE_COLUMNS)
-    active = (
-        select(func.count())
-        .select_from(ApiKeyRow)
-        .where(ApiKeyRow.user_id == row.user_id, ApiKeyRow.revoked_at.is_(None))
-        .scalar_subquery()
-    )
+    active = _active_keys(row.user_id).scalar_subquery()
     values = select(
         *(literal(getattr(row, c), getattr(ApiKeyRow, c).type).label(c) for c in columns)
     ).where(active < max_keys)

@@ -98,4 +98,5 @@ def key_of(row: ApiKeyRow) -> ApiKey:
             tokens_per_day=row.tokens_per_day,
         ),
         monthly_tokens=row.monthly_tokens,
+        manage_keys=row.manage_keys,
     )

@@ -145,6 +145,16 @@ class KeyScopes(BaseModel):
     monthly_tokens: TokenCount | None = Field(
         None, description="Tokens it may use in a UTC calendar month; null: no budget."
     )
+    manage_keys: bool = Field(
+        True,
+        description="It may create, change, rotate and revoke its user's keys through "
+        "/v1/account/keys (at most as wide as itself); false: it revokes only itself.",
+    )
+
+    def has_limits(self) -> bool:
+        """It has counters of its own (a window or a budget), which a key it made would not
+        share."""
+        return self.monthly_tokens is not None or not (self.limits or KeyLimits()).is_empty()
 
     @field_validator("expires_at")
     @classmethod

@@ -6,6 +6,7 @@ from datetime import UTC, date, datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Date,
     DateTime,
     ForeignKey,
@@ -14,6 +15,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    true,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -89,6 +91,8 @@ class ApiKeyRow(Base):
     concurrent_requests: Mapped[int | None] = mapped_column(Integer())
     tokens_per_day: Mapped[int | None] = mapped_column(BigInteger())
     monthly_tokens: Mapped[int | None] = mapped_column(BigInteger())
+    # It may create, change, rotate and revoke its user's keys through the account API.
+    manage_keys: Mapped[bool] = mapped_column(Boolean(), default=True, server_default=true())
 
 
 class DailyUsageRow(Base):

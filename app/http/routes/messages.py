@@ -14,7 +14,7 @@ from app.accounts.auth import Caller, authenticate
 from app.anthropic.messages import CountTokensRequest, MessagesRequest
 from app.serving.adapters import adapter_path
 from app.serving.messages_call import MessagesCall
-from app.serving.pipeline import adapter_named, check_allowed, check_api_served, serve
+from app.serving.pipeline import check_api_served, serve, target
 from deployments.wire import ADAPTER_PATH
 
 router = APIRouter(tags=["messages"])
@@ -43,9 +43,7 @@ async def count_tokens(
     """The prompt's tokens as the model type's replica renders it; it counts as a request
     against the caller's request rate (a replica rendered it)."""
     models = request.app.state.models
-    adapter = adapter_named(body.model, models.get(body.model).name)
-    check_allowed(caller, adapter or models.get(body.model).name)
-    endpoint = models.resolve(body.model)
+    endpoint, adapter = target(models, caller, body.model)
     call = MessagesCall(body)
     call.check_fields()
     model = await endpoint.info()

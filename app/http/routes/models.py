@@ -35,12 +35,12 @@ async def retrieve_model(
     model_id: str, request: Request, caller: Caller = Depends(authenticate)
 ) -> ModelCard:
     models: ModelEndpoints = request.app.state.models
-    name = models.get(model_id).name
+    name = models.get(model_id, caller.models).name
     adapter = adapter_named(model_id, name)
+    check_allowed(caller, adapter or name)  # before the adapter's 404: a scope names no other
     if adapter is not None:
         held = await adapters_of(models, request.app.state.adapters, name)
         check_adapter(adapter, name, tuple(held))
-    check_allowed(caller, adapter or name)
     return await _card(models, name, adapter or name)
 
 

@@ -160,15 +160,20 @@ async def test_a_key_calls_only_its_model_types(api, store, ada):
         )
     retrieved = await api.get("/v1/models/ServiceAi-Pro", headers=bearer(coder.key))
     assert error_of(retrieved, 403)["code"] == "model_not_allowed"
-    # An unknown model is still a 404 first.
-    assert error_of(
-        await api.post(
-            "/v1/chat/completions",
-            headers=bearer(coder.key),
-            json={"model": "nope", "messages": HI},
-        ),
-        404,
-    )
+    # An unknown model is still a 404 first, naming only the types the key may call.
+    for path, body in [
+        ("/v1/chat/completions", {"model": "nope", "messages": HI}),
+        ("/v1/messages/count_tokens", {"model": "nope", "messages": HI}),
+    ]:
+        refused = await api.post(path, headers=bearer(coder.key), json=body)
+        assert refused.status_code == 404
+        error = refused.json()["error"]  # Anthropic's envelope holds it too
+        assert error["message"].endswith("Available models: ServiceAi-Coder."), error
+    error = error_of(await api.get("/v1/models/nope", headers=bearer(coder.key)), 404)
+    assert error["message"].endswith("Available models: ServiceAi-Coder."), error
+    # Another type's adapter: a 403 naming the key's scope, never that type's adapters.
+    error = error_of(await api.get("/v1/models/ServiceAi-Pro:acme", headers=bearer(coder.key)), 403)
+    assert error["code"] == "model_not_allowed" and "acme" not in error["message"].split(";")[1]
 
 
 async def test_an_expired_key_is_refused_on_time_whatever_the_cache_holds(api, store, ada):
@@ -206,13 +211,21 @@ async def test_rotation_gives_a_new_key_with_the_scopes_and_a_grace_period(api, 
     [listed] = [k for k in before["data"] if k["id"] == old.id]
     assert listed["revoked"] is False and listed["revoked_at"] > time.time() + 3500
 
-    # The key holder rotates the new one with no grace: it stops at once.
-    again = await api.post(
+    # A key with a budget of its own rotates nothing, itself included (a fresh key would
+    # start its budget afresh); the holder's unscoped key rotates it with no grace: it stops.
+    refused = await api.post(
         f"/v1/account/keys/{new['id']}/rotate",
         json={"grace_seconds": 0},
         headers=bearer(new["key"]),
     )
+    assert error_of(refused, 403)["code"] == "key_has_limits"
+    again = await api.post(
+        f"/v1/account/keys/{new['id']}/rotate",
+        json={"grace_seconds": 0},
+        headers=bearer(ada[1]),
+    )
     assert again.status_code == 201, again.text
+    assert again.json()["monthly_tokens"] == 500
     error = error_of(await api.get("/v1/account", headers=bearer(new["key"])), 401)
     assert "revoked" in error["message"]
     assert (await api.get("/v1/account", headers=bearer(again.json()["key"]))).status_code == 200
@@ -246,12 +259,20 @@ async def test_a_key_holder_narrows_keys_and_never_widens_them(api, store, ada):
         )
         assert (error["code"], error["param"]) == ("scope_not_narrower", field)
 
+    # A key with limits of its own makes none (its child would not share its counters).
+    made = await api.post("/v1/account/keys", headers=bearer(scoped.key), json={"name": "x"})
+    assert error_of(made, 403)["code"] == "key_has_limits"
     # A scoped key makes keys at most as wide as itself.
-    made = await api.post("/v1/account/keys", headers=bearer(scoped.key), json={"name": "wider"})
+    typed = await store.create_key(
+        user_id,
+        "typed",
+        _scopes(models=["ServiceAi-Fast", "ServiceAi-Coder"], expires_at="2099-06-01T00:00:00Z"),
+    )
+    made = await api.post("/v1/account/keys", headers=bearer(typed.key), json={"name": "wider"})
     assert error_of(made, 403)["param"] == "models"
     made = await api.post(
         "/v1/account/keys",
-        headers=bearer(scoped.key),
+        headers=bearer(typed.key),
         json={
             "name": "narrower",
             "models": ["ServiceAi-Coder"],
@@ -264,6 +285,108 @@ async def test_a_key_holder_narrows_keys_and_never_widens_them(api, store, ada):
     assert (
         await api.post("/v1/account/keys", headers=own, json={"monthly_tokens": 10})
     ).status_code == 201
+
+
+async def test_a_key_without_key_management_manages_nothing_but_itself(api, store, ada):
+    """A leaked CI key (made without `manage_keys`) lists, creates, changes, rotates and
+    revokes no other key: 403, nothing changed; it may narrow or revoke itself."""
+    user_id, main = ada
+    ci = await store.create_key(
+        user_id, "ci", _scopes(models=["ServiceAi-Coder"], manage_keys=False)
+    )
+    [main_key] = [k for k in (await store.list_keys(user_id)).data if k.name == "main"]
+    own = bearer(ci.key)
+    for method, path, body in [
+        ("get", "/v1/account/keys", None),
+        ("post", "/v1/account/keys", {"models": ["ServiceAi-Coder"]}),
+        ("patch", f"/v1/account/keys/{main_key.id}", {"models": ["ServiceAi-Coder"]}),
+        ("post", f"/v1/account/keys/{main_key.id}/rotate", {"grace_seconds": 0}),
+        ("post", f"/v1/account/keys/{ci.id}/rotate", {"grace_seconds": 0}),
+        ("delete", f"/v1/account/keys/{main_key.id}", None),
+    ]:
+        refused = await api.request(method, path, json=body, headers=own)
+        assert error_of(refused, 403)["code"] == "key_management_not_allowed", (method, path)
+    assert await store.get_key(main_key.id) == main_key
+    assert len((await store.list_keys(user_id)).data) == 2
+    assert (await api.get("/v1/account", headers=bearer(main))).status_code == 200
+    # It cannot give itself the permission, and narrows or revokes itself.
+    widened = await api.patch(f"/v1/account/keys/{ci.id}", json={"manage_keys": True}, headers=own)
+    assert error_of(widened, 403)["param"] == "manage_keys"
+    narrowed = await api.patch(
+        f"/v1/account/keys/{ci.id}", json={"expires_at": "2099-01-01T00:00:00Z"}, headers=own
+    )
+    assert narrowed.status_code == 200, narrowed.text
+    assert (await api.delete(f"/v1/account/keys/{ci.id}", headers=own)).json()["revoked"]
+    # A managing key may give a new key no management; an operator's default is to manage.
+    made = await api.post("/v1/account/keys", json={"manage_keys": False}, headers=bearer(main))
+    assert made.json()["manage_keys"] is False
+    assert (await api.post(f"/admin/users/{user_id}/keys", json={}, headers=admin())).json()[
+        "manage_keys"
+    ] is True
+
+
+async def test_a_narrow_key_rotates_a_wider_one_into_a_key_no_wider_than_itself(api, store, ada):
+    """The hole of issue 70: a key for one type, expiring soon, rotated an all-models key and
+    received a secret for every type that never expires. Now the new key keeps only what the
+    rotating key covers."""
+    user_id, main = ada
+    [main_key] = (await store.list_keys(user_id)).data
+    narrow = await store.create_key(
+        user_id,
+        "narrow",
+        _scopes(models=["ServiceAi-Coder"], expires_at="2099-01-01T00:00:00Z"),
+    )
+    rotated = await api.post(
+        f"/v1/account/keys/{main_key.id}/rotate",
+        json={"grace_seconds": 3600},
+        headers=bearer(narrow.key),
+    )
+    assert rotated.status_code == 201, rotated.text
+    new = rotated.json()
+    assert (new["models"], new["expires_at"]) == (["ServiceAi-Coder"], "2099-01-01T00:00:00Z")
+    refused = await api.post(
+        "/v1/chat/completions",
+        headers=bearer(new["key"]),
+        json={"model": "ServiceAi-Fast", "messages": HI},
+    )
+    assert error_of(refused, 403)["code"] == "model_not_allowed"
+    # A key whose models the rotating key does not cover at all is not rotated.
+    pro = await store.create_key(user_id, "pro", _scopes(models=["ServiceAi-Pro"]))
+    refused = await api.post(f"/v1/account/keys/{pro.id}/rotate", headers=bearer(narrow.key))
+    assert error_of(refused, 403)["param"] == "models"
+    assert not (await store.get_key(pro.id)).revoked_at
+
+
+async def test_rotation_counts_against_the_most_keys_a_user_holds(api, store, ada):
+    """Chained rotations with a long grace gave any number of live keys: each key in its grace
+    counts, so a user at the most keys rotates only with no grace."""
+    user_id, main = ada
+    for name in ("two", "three", "four", "five"):  # the store of these tests allows 5
+        await store.create_key(user_id, name)
+    keys = (await store.list_keys(user_id)).data
+    refused = await api.post(
+        f"/v1/account/keys/{keys[1].id}/rotate", json={"grace_seconds": 60}, headers=bearer(main)
+    )
+    assert error_of(refused, 409)["code"] == "api_key_limit_reached"
+    assert not (await store.get_key(keys[1].id)).revoked_at
+    now = await api.post(
+        f"/v1/account/keys/{keys[1].id}/rotate", json={"grace_seconds": 0}, headers=bearer(main)
+    )
+    assert now.status_code == 201, now.text
+    await api.delete(f"/v1/account/keys/{keys[2].id}", headers=bearer(main))
+    graced = await api.post(
+        f"/v1/account/keys/{keys[3].id}/rotate", json={"grace_seconds": 60}, headers=bearer(main)
+    )
+    assert graced.status_code == 201, graced.text
+    # Five keys work now (one in its grace): neither a rotation with grace nor a create.
+    again = await api.post(
+        f"/v1/account/keys/{graced.json()['id']}/rotate",
+        json={"grace_seconds": 60},
+        headers=bearer(main),
+    )
+    assert error_of(again, 409)["code"] == "api_key_limit_reached"
+    created = await api.post("/v1/account/keys", json={}, headers=bearer(main))
+    assert error_of(created, 409)["code"] == "api_key_limit_reached"
 
 
 async def test_a_users_monthly_budget_is_set_and_cleared_and_shown_with_usage(api, ada):

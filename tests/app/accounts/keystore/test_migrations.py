@@ -179,3 +179,46 @@ async def test_a_store_of_the_revision_before_roles_upgrades_to_plain_users_and_
         )
     finally:
         await upgraded.close()
+
+
+async def test_a_store_before_key_management_keeps_it_for_unscoped_keys_only(database_url: str):
+    """A store at revision 0009 upgrades: an unscoped key still manages its user's keys; a
+    scoped one (a model list, an expiry, limits, a budget), as a CI key is, no longer does."""
+    old = await Database.open(database_url, migrate_to="0009")
+    async with old.engine.begin() as connection:
+        created = bindparam("created", datetime(2026, 1, 1, tzinfo=UTC), type_=UtcDateTime())
+        await connection.execute(
+            text(
+                "INSERT INTO users (id, email, plan, created_at, session_version, role) "
+                "VALUES ('user_old', 'old@example.com', 'pro', :created, 0, 'user')"
+            ).bindparams(created)
+        )
+        for key_id, scopes in [
+            ("key_plain", {}),
+            ("key_models", {"models": '["ServiceAi-Coder"]'}),
+            ("key_budget", {"monthly_tokens": 500}),
+        ]:
+            secret = keygen.issue().secret
+            columns = "".join(f", {name}" for name in scopes)
+            values = "".join(f", :{name}" for name in scopes)
+            await connection.execute(
+                text(
+                    f"INSERT INTO api_keys (id, user_id, key_hash, display, name, created_at"
+                    f"{columns}) VALUES ('{key_id}', 'user_old', :hash, :display, 'k', "
+                    f":created{values})"
+                ).bindparams(
+                    created,
+                    hash=keygen.hash_key(secret),
+                    display=keygen.display_form(secret),
+                    **scopes,
+                )
+            )
+    await old.close()
+
+    upgraded = await Database.open(database_url)
+    try:
+        store = KeyStore(upgraded)
+        keys = {key.id: key.manage_keys for key in (await store.list_keys("user_old")).data}
+        assert keys == {"key_plain": True, "key_models": False, "key_budget": False}
+    finally:
+        await upgraded.close()
