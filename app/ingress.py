@@ -88,6 +88,7 @@ class Ingress:
             store.database,
             retention_s=settings.response_retention_s,
             max_bytes=settings.response_max_bytes,
+            user_max_bytes=settings.response_user_max_bytes,
         )
         self._purge = PeriodicFlush(
             self._purge_expired, settings.response_purge_every_s, "the purge of expired responses"

@@ -7,9 +7,19 @@ them, never ignored, and an image on a type that reads only text is refused by n
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from app.openai.protocol import (
+    MAX_CONTENT_PARTS,
+    MAX_MESSAGES,
+    MAX_TOOLS,
+    StopTexts,
+    Structure,
+    Text,
+)
 
 # Fields of Anthropic's request the service cannot honour, and why.
 REFUSED_FIELDS = {
@@ -27,15 +37,17 @@ class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int = Field(ge=1)
-    system: str | list[dict[str, Any]] | None = None
-    stop_sequences: list[str] | None = None
+    system: Text | Annotated[list[dict[str, Any]], Field(max_length=MAX_CONTENT_PARTS)] | None = (
+        None
+    )
+    stop_sequences: StopTexts | None = None
     stream: bool = False
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
@@ -94,6 +106,16 @@ class MessagesRequest(BaseModel):
             else m
             for i, m in enumerate(self.messages)
         ]
+
+    def structures(self) -> Iterator[Structure]:
+        """What the request makes the engine compile (app.limits.structure_bounds)."""
+        output_format = (self.output_config or {}).get("format")
+        if isinstance(output_format, dict) and "schema" in output_format:
+            yield "output_config.format.schema", "schema", output_format["schema"]
+        if (self.tool_choice or {}).get("type") in ("any", "tool"):  # a forced call follows
+            for i, tool in enumerate(self.tools or ()):
+                if isinstance(tool, dict) and "input_schema" in tool:
+                    yield f"tools[{i}].input_schema", "schema", tool["input_schema"]
 
     @property
     def thinks(self) -> bool:

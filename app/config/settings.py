@@ -92,9 +92,10 @@ class Settings(BaseSettings):
         "for the reply) before Redis counts as unreachable.",
     )
     rate_limit_fail_open: bool = Field(
-        True,
-        description="When the rate-limit storage cannot be reached: serve without limits and log "
-        "a warning (true, the default), or refuse with 503 (false).",
+        False,
+        description="When the rate-limit storage (Redis) cannot be reached: refuse with 503 "
+        "and Retry-After (false, the default: no limit, budget or concurrency cap is ever "
+        "off), or serve without any of them and log a warning (true).",
     )
     usage_flush_s: float = Field(
         15.0, gt=0, description="How often a replica writes its usage counts, batched."
@@ -150,6 +151,13 @@ class Settings(BaseSettings):
         ge=1024,
         description="Largest stored response (its input, replayed history included, and its "
         "output, as JSON); a longer conversation is refused with 400 while store is true.",
+    )
+    response_user_max_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="Most bytes of unexpired stored responses one user may hold (default "
+        "256 MiB); past it a request with store true is refused with 400 "
+        "stored_responses_limit_reached until some are deleted or expire.",
     )
     response_purge_every_s: float = Field(
         3600.0, gt=0, description="How often each ingress replica deletes expired responses."

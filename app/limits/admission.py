@@ -110,7 +110,7 @@ def done() -> asyncio.Future[None]:
 
 
 UNLIMITED = Admission(None, [], {})
-"""What a request gets when the limiter's storage is down and the service fails open."""
+"""What a request gets when the limiter's storage is down and the operator chose to fail open."""
 
 
 class RateLimits:
@@ -121,7 +121,7 @@ class RateLimits:
         plans: Plans,
         counters: Counters,
         *,
-        fail_open: bool = True,
+        fail_open: bool = False,
         monthly_usage: MonthlyUsage | None = None,
     ) -> None:
         """`monthly_usage`: what the key store says a user's or a key's keys used this month,

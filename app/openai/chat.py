@@ -3,6 +3,7 @@ the replies' shapes for the docs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -15,6 +16,7 @@ from app.openai.protocol import (
     GenerationFields,
     JsonObject,
     Name,
+    Structure,
     Text,
     TokenLimit,
 )
@@ -160,6 +162,15 @@ class ChatCompletionRequest(GenerationFields):
         if refused is not None or not self.constrained:
             return refused
         return self.mask_on_a_grammar()
+
+    def structures(self) -> Iterator[Structure]:
+        yield from super().structures()
+        if self.response_format is not None and self.response_format.json_schema is not None:
+            schema = self.response_format.json_schema.json_schema
+            yield "response_format.json_schema.schema", "schema", schema
+        if self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice):
+            for i, tool in enumerate(self.tools or ()):  # a forced call follows their schemas
+                yield f"tools[{i}].function.parameters", "schema", tool.function.parameters
 
     @property
     def constrained(self) -> bool:

@@ -7,11 +7,12 @@ was not trained for, and encodes the vectors. Every other field is refused by na
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from app.openai.protocol import MAX_TEXT_CHARS, Name
+from app.openai.protocol import MAX_TEXT_CHARS, Name, Structure
 
 MAX_INPUTS = 2048
 """OpenAI's own cap on a request's inputs; a plan may allow fewer (`inputs_per_request`)."""
@@ -65,6 +66,10 @@ class EmbeddingRequest(BaseModel):
     user: Name | None = None
 
     stream: ClassVar[bool] = False
+
+    def structures(self) -> Iterator[Structure]:
+        """An embedding constrains no decoding: nothing to compile."""
+        return iter(())
 
     def unsupported_field(self) -> tuple[str, str] | None:
         """The first field that cannot be honoured, and why; None when every field can."""

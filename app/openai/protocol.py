@@ -9,31 +9,40 @@ completions: app.openai.completions; responses: app.openai.responses.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_CHOICES = 8
-MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
-# Caps that stop validation early on a hostile body (OpenAI's own: 2048 messages, 10 MiB text,
-# 128 tools, 300 logit biases).
+# Caps that stop validation early on a hostile body, the same for the same thing on every API
+# (OpenAI's own: 2048 messages, 10 MiB text, 128 tools, 300 logit biases; docs/limits.md).
 MAX_MESSAGES = 2048
 MAX_CONTENT_PARTS = 256
 MAX_TEXT_CHARS = 10 * 2**20
+MAX_STOP_SEQUENCES = 16
+"""Stop strings (chat, completions, Messages' stop_sequences) and stop token ids: OpenAI takes
+4, Anthropic documents none; 16 refuses no client of either."""
 MAX_STOP_CHARS = 256
 MAX_NAME_CHARS = 256
 MAX_TOOLS = 128
 MAX_LOGIT_BIAS = 300
+MAX_TOKEN_LIST = MAX_LOGIT_BIAS
+"""Token lists that mask the vocabulary (logit_bias, allowed_token_ids, bad_words)."""
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+StopTexts = Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)]
 # The engine's sampler takes a 64-bit seed; a larger one failed inside the engine as a 503.
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 # More than any context; a larger count overflowed on its way to the engine (a 500).
 TokenLimit = Annotated[int, Field(le=2**31 - 1)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 JsonObject = dict[str, Any]
+Structure = tuple[str, Literal["schema", "structured_outputs"], Any]
+"""What a request makes the engine compile: (the field as its API names it, its kind, value);
+held to app.limits.structure_bounds on every API."""
 
 # Fields that only describe the caller or hint at caching: accepted, with nothing to honour.
 CALLER_FIELDS = frozenset(
@@ -120,7 +129,7 @@ class GenerationFields(BaseModel):
     max_tokens: Annotated[TokenLimit, Field(ge=1)] | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    stop: StopText | StopTexts | None = None
     seed: Seed | None = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     stream: bool | None = None
@@ -138,6 +147,9 @@ class GenerationFields(BaseModel):
     top_k: Annotated[int, Field(ge=-1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
+    stop_token_ids: Annotated[list[int], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    allowed_token_ids: Annotated[list[int], Field(max_length=MAX_TOKEN_LIST)] | None = None
+    bad_words: Annotated[list[StopText], Field(max_length=MAX_TOKEN_LIST)] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -176,6 +188,12 @@ class GenerationFields(BaseModel):
                 return name, f"Unrecognized request argument supplied: {name}"
         return None
 
+    def structures(self) -> Iterator[Structure]:
+        """What the request makes the engine compile (app.limits.structure_bounds)."""
+        extra = self.model_extra or {}
+        if "structured_outputs" in extra:
+            yield "structured_outputs", "structured_outputs", extra["structured_outputs"]
+
     @property
     def constrained(self) -> bool:
         """Decoding follows a grammar (vLLM's `structured_outputs`)."""
@@ -184,10 +202,8 @@ class GenerationFields(BaseModel):
     def mask_on_a_grammar(self) -> tuple[str, str] | None:
         """A token mask that can leave a grammar no token it accepts; vLLM then fails the
         request inside the engine (its grammar rejects the token it had to sample)."""
-        extra = self.model_extra or {}
         for name in GRAMMAR_MASKS:
-            value = self.min_tokens if name == "min_tokens" else extra.get(name)
-            if value:
+            if getattr(self, name):
                 return name, (
                     f"'{name}' cannot be combined with constrained decoding (a JSON "
                     "response_format, structured_outputs or a forced tool call): together "

@@ -9,12 +9,13 @@ with `store` off and no `previous_response_id`, because the gateway keeps the st
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.openai.errors import ApiError
-from app.openai.protocol import Seed
+from app.openai.protocol import MAX_MESSAGES, MAX_TOOLS, Seed, Structure, Text
 
 BUILT_IN_TOOLS = (
     "web_search",
@@ -105,13 +106,13 @@ class ResponseCreateRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(max_length=256)
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
+    input: Text | Annotated[list[dict[str, Any]], Field(max_length=MAX_MESSAGES)]
+    instructions: Text | None = None
     max_output_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     text: TextConfig | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
     reasoning: Reasoning | None = None
     include: list[str] | None = None
@@ -134,6 +135,16 @@ class ResponseCreateRequest(BaseModel):
     # max_output_tokens even past end-of-text.
     seed: Seed | None = None
     ignore_eos: bool = False
+
+    def structures(self) -> Iterator[Structure]:
+        """What the request makes the engine compile (app.limits.structure_bounds)."""
+        text_format = self.text.format if self.text is not None else None
+        if text_format is not None and text_format.schema_ is not None:
+            yield "text.format.schema", "schema", text_format.schema_
+        if self.tool_choice not in (None, "auto", "none"):  # a forced call follows them
+            for i, tool in enumerate(self.tools or ()):
+                if isinstance(tool, dict) and "parameters" in tool:
+                    yield f"tools[{i}].parameters", "schema", tool["parameters"]
 
     def check(self) -> None:
         """Refuse what the service cannot honour: a 400 naming the field."""

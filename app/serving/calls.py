@@ -9,6 +9,7 @@ from __future__ import annotations
 import orjson
 
 from app.anthropic.messages import MessagesRequest
+from app.limits.structure_bounds import check_structures
 from app.openai.chat import ChatCompletionRequest
 from app.openai.completions import CompletionRequest
 from app.openai.embeddings import EmbeddingRequest
@@ -40,6 +41,7 @@ class RelayedCall:
         if refused is not None:
             name, reason = refused
             raise ApiError(400, reason, param=name, code="unsupported_parameter")
+        check_structures(self.body.structures())
 
     async def prepare(self) -> None:
         pass

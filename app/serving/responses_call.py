@@ -18,6 +18,7 @@ import orjson
 from app.accounts.auth import Caller
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.responses import UNFINISHED, ResponseStore
+from app.limits.structure_bounds import check_structures
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.openai.responses import ResponseCreateRequest, new_response_id
@@ -49,6 +50,7 @@ class ResponsesCall:
     def check_fields(self) -> None:
         """Fields, tools and input items it cannot honour: a 400 naming them."""
         self.body.check()
+        check_structures(self.body.structures())
         self._new_items = self.body.new_items()
 
     def check_against_model(self, model: ModelInfo) -> None:
@@ -77,6 +79,7 @@ class ResponsesCall:
             conversation = [*history, *conversation]
         if self.body.store:
             self._store.check_size(conversation)
+            await self._store.check_room(self._caller.user_id)
         self._conversation = conversation
 
     def payload(self) -> dict:

@@ -21,6 +21,10 @@ CHAT, COMPLETION, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/re
 FAR_BEYOND = "hello " * 6000  # thousands of tokens past the 2,048 of the context
 TOOL_CHAT = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 TOOL_RESPONSES = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+# Issue 70's bombs: an enum the engine took seconds to compile, a regex it never finished.
+ENUM_BOMB = {"type": "string", "enum": [f"v{i}" for i in range(30_000)]}
+REGEX_BOMB = "((ab|a){1,300}c){1,300}"
+MANY_STOPS = [f"stop{i}" for i in range(17)]
 
 
 def bodies(model: str, **per_api: dict) -> dict[str, dict]:
@@ -93,6 +97,58 @@ FAULTS = [
         {CHAT: "temperature", COMPLETION: "temperature", RESPONSES: "temperature"},
     ),
     Fault(
+        "more tools than any API takes",
+        bodies(
+            "ServiceAi-Fast",
+            **{CHAT: {"tools": TOOL_CHAT * 129}, RESPONSES: {"tools": TOOL_RESPONSES * 129}},
+        ),
+        400,
+        "invalid_value",
+        {CHAT: "tools", RESPONSES: "tools"},
+    ),
+    Fault(
+        "more stop strings than any API takes",
+        bodies("ServiceAi-Fast", **{p: {"stop": MANY_STOPS} for p in (CHAT, COMPLETION)}),
+        400,
+        "invalid_value",
+        {CHAT: "stop", COMPLETION: "stop"},
+    ),
+    Fault(
+        "an enum bomb in a JSON schema",
+        bodies(
+            "ServiceAi-Fast",
+            **{
+                CHAT: {
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "bomb", "schema": ENUM_BOMB},
+                    }
+                },
+                COMPLETION: {"structured_outputs": {"json": ENUM_BOMB}},
+                RESPONSES: {
+                    "text": {"format": {"type": "json_schema", "name": "b", "schema": ENUM_BOMB}}
+                },
+            },
+        ),
+        400,
+        "grammar_too_complex",
+        {
+            CHAT: "response_format.json_schema.schema",
+            COMPLETION: "structured_outputs.json",
+            RESPONSES: "text.format.schema",
+        },
+    ),
+    Fault(
+        "a regex bomb",
+        bodies(
+            "ServiceAi-Fast",
+            **{p: {"structured_outputs": {"regex": REGEX_BOMB}} for p in (CHAT, COMPLETION)},
+        ),
+        400,
+        "grammar_too_complex",
+        {CHAT: "structured_outputs.regex", COMPLETION: "structured_outputs.regex"},
+    ),
+    Fault(
         "tools on a type without a tool-call parser",
         bodies(
             "ServiceAi-Coder", **{CHAT: {"tools": TOOL_CHAT}, RESPONSES: {"tools": TOOL_RESPONSES}}
@@ -119,11 +175,21 @@ MESSAGE_FAULTS = {
         "model": "ServiceAi-Coder",
         "tools": [{"name": "f", "input_schema": {"type": "object"}}],
     },
+    "more tools than any API takes": {
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}] * 129
+    },
+    "more stop strings than any API takes": {"stop_sequences": MANY_STOPS},
+    "an enum bomb in a JSON schema": {
+        "output_config": {"format": {"type": "json_schema", "schema": ENUM_BOMB}}
+    },
 }
 """The same faults as Anthropic's clients send them to /v1/messages."""
 
 
-@pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
+ON_MESSAGES = [f for f in FAULTS if f.name in MESSAGE_FAULTS]  # a regex has no field there
+
+
+@pytest.mark.parametrize("fault", ON_MESSAGES, ids=[f.name for f in ON_MESSAGES])
 def test_each_fault_gets_the_same_status_and_meaning_on_the_messages_api(http, fault):
     body = {"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "hi"}]}
     response = http.post(MESSAGES, json={**body, "max_tokens": 4, **MESSAGE_FAULTS[fault.name]})
@@ -132,7 +198,13 @@ def test_each_fault_gets_the_same_status_and_meaning_on_the_messages_api(http, f
     assert error["type"] == "error" and error["error"]["type"] == ANTHROPIC_TYPES[fault.status]
     # The message names the field as Anthropic calls it (messages, max_tokens, tool_choice...).
     openai_param = next(iter(fault.params.values()))
-    named = {"prompt": "messages", "input": "messages", "max_output_tokens": "max_tokens"}
+    named = {
+        "prompt": "messages",
+        "input": "messages",
+        "max_output_tokens": "max_tokens",
+        "stop": "stop_sequences",
+        "response_format.json_schema.schema": "output_config.format.schema",
+    }
     assert named.get(openai_param, openai_param) in error["error"]["message"]
 
 

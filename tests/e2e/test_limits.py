@@ -444,12 +444,12 @@ def test_requests_sent_at_once_never_generate_more_than_the_plan(stack, redis_pr
     assert usage["completion_tokens"] == sum(served) <= 20000
 
 
-@pytest.mark.parametrize("fail_open", [None, "false"], ids=["default-open", "closed"])
-def test_redis_down_serves_by_default_or_refuses_when_configured(stack, fail_open):
+@pytest.mark.parametrize("fail_open", [None, "true"], ids=["default-closed", "open"])
+def test_redis_down_refuses_by_default_or_serves_when_configured(stack, fail_open):
     env = {"SERVICEAI_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
     if fail_open is not None:
         env["SERVICEAI_RATE_LIMIT_FAIL_OPEN"] = fail_open
-    name = "redis-down-open" if fail_open is None else "redis-down-closed"
+    name = "redis-down-closed" if fail_open is None else "redis-down-open"
     with ingress_app(stack, name, env=env) as base_url:
         response = httpx.post(
             f"{base_url}/chat/completions",
@@ -457,7 +457,7 @@ def test_redis_down_serves_by_default_or_refuses_when_configured(stack, fail_ope
             json={"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 2},
             timeout=60,
         )
-    if fail_open is None:
+    if fail_open is not None:
         assert response.status_code == 200, response.text
         assert not any(h.startswith("x-ratelimit-") for h in response.headers)
         return

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import orjson
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 
 from app.accounts.keystore.database import Database
 from app.accounts.keystore.errors import KeyStoreError
@@ -23,6 +23,7 @@ UNFINISHED = ("queued", "in_progress")
 """A background response's statuses before it ends; a conversation continues from no such one."""
 DEFAULT_RETENTION_S = 30 * 86400
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+DEFAULT_USER_MAX_BYTES = 256 * 1024 * 1024
 MAX_PAGE = 100
 
 
@@ -34,6 +35,11 @@ class ResponseNotFound(KeyStoreError):
 class ResponseTooLarge(KeyStoreError):
     status = 400
     code = "response_too_large"
+
+
+class StoredResponsesFull(KeyStoreError):
+    status = 400
+    code = "stored_responses_limit_reached"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +85,29 @@ class ResponseStore:
         *,
         retention_s: float = DEFAULT_RETENTION_S,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        user_max_bytes: int = DEFAULT_USER_MAX_BYTES,
     ) -> None:
         self.database = database
         self.retention_s = retention_s
         self.max_bytes = max_bytes
+        self.user_max_bytes = user_max_bytes
+
+    async def check_room(self, user_id: str) -> None:
+        """Refuse (StoredResponsesFull) while the user's unexpired stored responses hold
+        `user_max_bytes` or more: checked before a reply is generated and as it is stored, so
+        a user holds at most that and the responses being stored at that moment."""
+        query = select(func.coalesce(func.sum(StoredResponseRow.size_bytes), 0)).where(
+            StoredResponseRow.user_id == user_id, StoredResponseRow.expires_at > now()
+        )
+        async with self.database.transaction() as session:
+            held = int(await session.scalar(query) or 0)
+        if held >= self.user_max_bytes:
+            raise StoredResponsesFull(
+                f"Your stored responses hold {held} bytes; a user may keep "
+                f"{self.user_max_bytes}. Delete some (DELETE /v1/responses/{{id}}), wait for "
+                "them to expire, or send store=false.",
+                param="store",
+            )
 
     def check_size(self, input_items: list[dict[str, Any]], param: str = "input") -> None:
         """Refuse up front an input that alone would not fit in a stored response."""
@@ -102,6 +127,7 @@ class ResponseStore:
         encoded_input = orjson.dumps(input_items).decode()
         encoded_body = orjson.dumps(body).decode()
         size = self._size(len(encoded_input) + len(encoded_body))
+        await self.check_room(user_id)
         created = now()
         async with self.database.transaction() as session:
             session.add(

@@ -240,10 +240,12 @@ async def test_unreachable_redis_fails_open_or_closed_as_configured(fail_open, c
     assert error.headers["Retry-After"] == "2"
 
 
-def test_the_default_is_to_fail_open():
+def test_the_default_is_to_fail_closed():
+    """A Redis outage turned every limit, budget and concurrency cap off by default: now it
+    is a 503 unless the operator asks for the opposite."""
     from app.config.settings import Settings
 
-    assert Settings().rate_limit_fail_open is True
+    assert Settings().rate_limit_fail_open is False
 
 
 @pytest.mark.parametrize(

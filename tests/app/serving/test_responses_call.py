@@ -8,6 +8,7 @@ that a stream's last event is relayed only once the response is stored.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,6 +25,7 @@ from app.serving.dispatch import ModelEndpoints
 from deployments.wire import ModelInfo, ReplyPart
 from tests.app.conftest import bearer, shipped_limits
 from tests.app.serve_fakes import assigned, serve_response
+from tests.conftest import error_of
 
 FAST = "ServiceAi-Fast"
 
@@ -198,20 +200,30 @@ async def test_store_false_stores_nothing(setup):
     assert (await client.get(f"/v1/responses/{answer['id']}")).status_code == 404
 
 
-async def test_a_conversation_over_the_cap_is_refused_before_dispatch(store: KeyStore):
+@asynccontextmanager
+async def a_user_of(
+    store: KeyStore, email: str, responses: ResponseStore
+) -> AsyncIterator[tuple[httpx.AsyncClient, Replica]]:
+    """A client with a new user's key, on an API that stores responses in `responses`."""
     replica = Replica()
-    user = await store.create_user("bob@example.com")
+    user = await store.create_user(email)
     key = (await store.create_key(user.id)).key
     app = create_api(
         ModelEndpoints({FAST: replica}, created=0),
         KeyVerifier(store),
         shipped_limits(),
         UsageMeter(store),
-        response_store=ResponseStore(store.database, max_bytes=2048),
+        response_store=responses,
     )
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://test", headers=bearer(key)
     ) as client:
+        yield client, replica
+
+
+async def test_a_conversation_over_the_cap_is_refused_before_dispatch(store: KeyStore):
+    responses = ResponseStore(store.database, max_bytes=2048)
+    async with a_user_of(store, "bob@example.com", responses) as (client, replica):
         refused = await client.post("/v1/responses", json={"model": FAST, "input": "x" * 4096})
         assert refused.status_code == 400
         assert refused.json()["error"]["code"] == "response_too_large"
@@ -221,3 +233,31 @@ async def test_a_conversation_over_the_cap_is_refused_before_dispatch(store: Key
             "/v1/responses", json={"model": FAST, "input": "x" * 4096, "store": False}
         )
         assert accepted.status_code == 200
+
+
+async def test_a_user_past_the_bound_of_stored_responses_stores_no_more(store: KeyStore):
+    """Stored responses had no per-user quota (4 MiB a row, 30 days): now one user's rows hold
+    at most `user_max_bytes`; past it `store: true` is refused before dispatch, by name."""
+    responses = ResponseStore(store.database, user_max_bytes=3000)
+    async with a_user_of(store, "cy@example.com", responses) as (client, replica):
+        kept = []
+        for _ in range(20):  # each turn stores its input and reply (several hundred bytes)
+            answer = await client.post("/v1/responses", json={"model": FAST, "input": "hi"})
+            if answer.status_code != 200:
+                break
+            kept.append(answer.json())
+        calls = len(replica.calls)
+        error = error_of(answer, 400)
+        assert (error["code"], error["param"]) == ("stored_responses_limit_reached", "store")
+        assert "3000" in error["message"] and "store=false" in error["message"]
+        assert len(replica.calls) == calls  # refused before a replica saw it
+        assert 2 <= len(kept) < 20 and all(answer["store"] for answer in kept)
+        unstored = await client.post(
+            "/v1/responses", json={"model": FAST, "input": "hi", "store": False}
+        )
+        assert unstored.status_code == 200
+        # Deleting one makes room again.
+        for answer in kept:
+            await client.delete(f"/v1/responses/{answer['id']}")
+        again = await client.post("/v1/responses", json={"model": FAST, "input": "hi"})
+        assert again.status_code == 200 and again.json()["store"] is True
