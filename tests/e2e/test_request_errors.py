@@ -57,7 +57,11 @@ def test_malformed_json(http):
             "presence_penalty",
         ),
         (
-            {"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "stop": ["1", "2", "3", "4", "5"]},
+            {
+                "model": "ServiceAi-Fast",
+                "messages": OK_MESSAGES,
+                "stop": [str(i) for i in range(17)],
+            },
             "stop",
         ),
         ({"model": "ServiceAi-Fast", "messages": OK_MESSAGES, "n": 0}, "n"),
