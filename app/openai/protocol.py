@@ -21,15 +21,17 @@ MAX_TOP_LOGPROBS = 20
 MAX_MESSAGES = 2048
 MAX_CONTENT_PARTS = 256
 MAX_TEXT_CHARS = 10 * 2**20
-MAX_STOP_SEQUENCES = 16
-"""Stop strings (chat, completions, Messages' stop_sequences) and stop token ids: OpenAI takes
-4, Anthropic documents none; 16 refuses no client of either."""
+MAX_STOP_SEQUENCES = 4
+"""Stop strings (chat, completions, Messages' stop_sequences) and stop token ids: OpenAI's 4,
+which vLLM's serving layer holds too (VLLM_MAX_STOP_STRINGS)."""
 MAX_STOP_CHARS = 256
 MAX_NAME_CHARS = 256
 MAX_TOOLS = 128
 MAX_LOGIT_BIAS = 300
 MAX_TOKEN_LIST = MAX_LOGIT_BIAS
-"""Token lists that mask the vocabulary (logit_bias, allowed_token_ids, bad_words)."""
+"""Token ids that mask the vocabulary (logit_bias, allowed_token_ids)."""
+MAX_BAD_WORDS = 128
+"""vLLM's own bound (VLLM_MAX_NUM_BAD_WORDS)."""
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
@@ -149,7 +151,7 @@ class GenerationFields(BaseModel):
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
     stop_token_ids: Annotated[list[int], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     allowed_token_ids: Annotated[list[int], Field(max_length=MAX_TOKEN_LIST)] | None = None
-    bad_words: Annotated[list[StopText], Field(max_length=MAX_TOKEN_LIST)] | None = None
+    bad_words: Annotated[list[StopText], Field(max_length=MAX_BAD_WORDS)] | None = None
 
     @field_validator("stop")
     @classmethod
