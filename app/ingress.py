@@ -116,7 +116,12 @@ class Ingress:
             cors_origins=settings.cors_origins,
             api_docs=settings.api_docs,
             response_store=self._responses,
-            adapters=RegisteredAdapters(self._keys.store, ttl_s=settings.key_cache_ttl_s),
+            adapters=RegisteredAdapters(
+                self._keys.store,
+                ttl_s=settings.key_cache_ttl_s,
+                roots=settings.adapter_roots,
+                hub_ids=settings.adapter_hub_ids,
+            ),
             migration_attempts=settings.migration_attempts,
         )
         mount_console(api, settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -178,7 +179,7 @@ STACK_USAGE_FLUSH_S = 1.0
 
 
 @pytest.fixture(scope="session")
-def stack(stack_lock: None) -> Iterator[Stack]:
+def stack(stack_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     import ray
     from ray import serve
 
@@ -198,6 +199,8 @@ def stack(stack_lock: None) -> Iterator[Stack]:
     os.environ["SERVICEAI_KEY_CACHE_TTL_S"] = str(STACK_KEY_CACHE_TTL_S)
     os.environ["SERVICEAI_USAGE_FLUSH_S"] = str(STACK_USAGE_FLUSH_S)
     os.environ["HF_HUB_OFFLINE"] = "1"  # no hub on these machines: fail fast, never hang
+    # The adapters the tests register lie in the session's own temporary folders.
+    os.environ["SERVICEAI_ADAPTER_ROOTS"] = json.dumps([str(tmp_path_factory.getbasetemp())])
     # Every stream that finds a feed open uses it (by default one waits for 16 on one replica),
     # so that the suite runs streams both ways: on their own call and on a feed.
     os.environ["SERVICEAI_STREAM_FEED_MIN_STREAMS"] = "1"
@@ -249,6 +252,7 @@ def stack(stack_lock: None) -> Iterator[Stack]:
             "SERVICEAI_STREAM_FEED_MIN_STREAMS",
             "SERVICEAI_USAGE_FLUSH_S",
             "SERVICEAI_PUBLIC_BASE_URL",
+            "SERVICEAI_ADAPTER_ROOTS",
             *runtime,
         ):
             os.environ.pop(name, None)

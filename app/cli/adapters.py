@@ -10,7 +10,9 @@ from app.accounts.keystore.audit import Actor
 from app.accounts.keystore.schemas import Adapter, AdapterCreate, AdapterList
 from app.cli.common import (
     EXIT_CODES,
+    EXIT_USAGE,
     JsonOption,
+    fail,
     print_json,
     settings_or_exit,
     table,
@@ -18,6 +20,8 @@ from app.cli.common import (
     when,
     with_store,
 )
+from app.openai.errors import ApiError
+from app.serving.adapters import check_adapter_path
 
 adapters = typer.Typer(
     help="LoRA adapters registered at run time: add, list, remove (those of the config are "
@@ -41,6 +45,11 @@ def add_adapter(
     """Register an adapter. The type's engine must take adapters (engine_args.enable_lora);
     the admin API checks that against its running replicas, this command cannot."""
     wanted = validated(AdapterCreate, model=model, name=name, path=path)
+    settings = settings_or_exit()
+    try:
+        check_adapter_path(wanted.path, settings.adapter_roots, settings.adapter_hub_ids)
+    except ApiError as refused:
+        fail(refused.message, EXIT_USAGE)
     adapter: Adapter = with_store(
         lambda store: store.register_adapter(
             wanted.model, wanted.name, wanted.path, actor=Actor.command_line()
@@ -49,7 +58,7 @@ def add_adapter(
     if as_json:
         print_json(adapter)
         return
-    ttl = settings_or_exit().key_cache_ttl_s
+    ttl = settings.key_cache_ttl_s
     typer.echo(f"Registered {adapter.id} ({adapter.path}); callable within {ttl:g} s.")
 
 

@@ -152,6 +152,16 @@ class Settings(BaseSettings):
         description="Largest stored response (its input, replayed history included, and its "
         "output, as JSON); a longer conversation is refused with 400 while store is true.",
     )
+    adapter_roots: list[Path] = Field(
+        default_factory=lambda: [PROJECT_ROOT / "models"],
+        description="Folders a LoRA adapter registered at run time (admin API, CLI) must lie "
+        "in (a JSON list; default: the project's models folder); any other path is refused.",
+    )
+    adapter_hub_ids: bool = Field(
+        True,
+        description="Whether a registered adapter may be a Hugging Face id (owner/name), which "
+        "the model replicas download.",
+    )
     response_user_max_bytes: int = Field(
         256 * 1024 * 1024,
         ge=1024,

@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.errors import StoreUnavailable
@@ -33,7 +36,13 @@ class RegisteredAdapters:
         store: KeyStore,
         ttl_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        roots: Sequence[Path] = (),
+        hub_ids: bool = True,
     ) -> None:
+        """`roots`, `hub_ids`: where a registered adapter's path may point (check_adapter_path)."""
+        self.roots = roots
+        self.hub_ids = hub_ids
         self._store = store
         self._ttl_s = ttl_s
         self._clock = clock
@@ -66,6 +75,31 @@ class RegisteredAdapters:
     def forget(self) -> None:
         """Read the store again on the next request (after this replica changed it)."""
         self._read_at = -math.inf
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""A Hugging Face id, `owner/name`: no leading dot or slash, no `..`."""
+
+
+def check_adapter_path(path: str, roots: Sequence[Path], hub_ids: bool = True) -> None:
+    """A registered adapter's path: a folder inside one of `roots` (its real path: no symlink
+    or `..` leads out), or where `hub_ids` a Hugging Face id; a 400 naming `path` otherwise."""
+    # An id that is a folder here would be read from the nodes' disks as a relative path.
+    if hub_ids and HUB_ID.fullmatch(path) and ".." not in path and not os.path.exists(path):
+        return
+    real = Path(os.path.realpath(path))
+    if Path(path).is_absolute() and any(real.is_relative_to(os.path.realpath(r)) for r in roots):
+        return
+    where = ", ".join(str(r) for r in roots) or "none are configured"
+    raise ApiError(
+        400,
+        f"An adapter's path must be a folder inside SERVICEAI_ADAPTER_ROOTS ({where})"
+        + (" or a Hugging Face id (owner/name)" if hub_ids else "")
+        + f": '{path[:200]}' is neither. Copy the adapter into one of them, or ask for its "
+        "folder to be added.",
+        param="path",
+        code="adapter_path_not_allowed",
+    )
 
 
 async def adapter_path(

@@ -36,7 +36,7 @@ from app.accounts.scopes import check_models
 from app.observability.metrics import authentication_failed
 from app.openai.errors import ApiError
 from app.openai.protocol import ErrorResponse
-from app.serving.adapters import check_registrable
+from app.serving.adapters import check_adapter_path, check_registrable
 
 _admin_bearer = HTTPBearer(
     auto_error=False, scheme_name="AdminToken", description="The SERVICEAI_ADMIN_TOKEN."
@@ -207,6 +207,8 @@ async def register_adapter(body: AdapterCreate, request: Request) -> Adapter:
     """Register a LoRA adapter on a model type whose engine takes adapters: clients call it as
     `model:name` at once on this ingress replica, on every other within the key cache TTL; each
     model replica loads it from `path` the first time a request names it."""
+    registered = request.app.state.adapters
+    check_adapter_path(body.path, registered.roots, registered.hub_ids)
     await check_registrable(request.app.state.models, body.model, body.name)
     adapter = await _store(request).register_adapter(body.model, body.name, body.path, actor=ADMIN)
     request.app.state.adapters.forget()

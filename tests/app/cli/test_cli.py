@@ -401,12 +401,15 @@ def test_a_users_monthly_budget_from_the_cli_and_in_the_usage_report(serviceai):
     assert code == EXIT_USAGE and "--none" in err
 
 
-def test_adapters_are_registered_listed_and_removed(serviceai):
+def test_adapters_are_registered_listed_and_removed(serviceai, monkeypatch):
+    monkeypatch.setenv("SERVICEAI_ADAPTER_ROOTS", '["/models"]')
     code, out, err = serviceai("adapters", "add", "T", "beta", "/models/beta")
     assert code == 0, err
     assert "Registered T:beta (/models/beta)" in out
-    assert serviceai("adapters", "add", "T", "beta", "/x")[0] == EXIT_REFUSED
-    assert serviceai("adapters", "add", "T", "no way", "/x")[0] == EXIT_USAGE
+    assert serviceai("adapters", "add", "T", "beta", "/models/other")[0] == EXIT_REFUSED
+    assert serviceai("adapters", "add", "T", "no way", "/models/x")[0] == EXIT_USAGE
+    code, _, err = serviceai("adapters", "add", "T", "gamma", "/etc/ssh")
+    assert code == EXIT_USAGE and "SERVICEAI_ADAPTER_ROOTS (/models)" in err
     listed = json_of(serviceai("adapters", "list", "--json"))
     assert [(a["id"], a["path"]) for a in listed["data"]] == [("T:beta", "/models/beta")]
     assert serviceai("adapters", "remove", "T:beta")[0] == 0

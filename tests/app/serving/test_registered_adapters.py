@@ -5,6 +5,7 @@ load them for real in tests/e2e/test_adapters.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -16,7 +17,12 @@ from app.accounts.keystore.errors import AdapterExists, AdapterNotFound, StoreUn
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
 from app.openai.errors import ApiError
-from app.serving.adapters import RegisteredAdapters, adapter_path, check_registrable
+from app.serving.adapters import (
+    RegisteredAdapters,
+    adapter_path,
+    check_adapter_path,
+    check_registrable,
+)
 from app.serving.dispatch import ModelEndpoints
 from deployments.wire import ModelInfo
 from tests.app.conftest import ADMIN_TOKEN, bearer, shipped_limits
@@ -137,6 +143,7 @@ async def admin_of_t(store):
         shipped_limits(),
         UsageMeter(store),
         SecretStr(ADMIN_TOKEN),
+        adapters=RegisteredAdapters(store, roots=[Path("/models")]),
     )
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(
@@ -168,3 +175,24 @@ async def test_the_admin_api_registers_lists_and_removes_them(admin_of_t, store)
     assert gone["code"] == "adapter_not_found"
     assert (await admin_of_t.get("/admin/adapters")).json()["data"] == []
     assert [e.source for e in (await store.audit_log()).data] == ["admin_api", "admin_api"]
+
+
+async def test_an_adapter_path_outside_the_configured_roots_is_refused_by_name(
+    admin_of_t, store, tmp_path
+):
+    """Issue 70: an adapter's path could be any path the nodes read. Now it lies in
+    SERVICEAI_ADAPTER_ROOTS (its real path: no `..` or symlink leads out), or is a hub id."""
+    (tmp_path / "out").symlink_to("/etc")
+    for path in ("/etc/ssh", "/models/../etc", "relative/../../etc", f"{tmp_path}/out"):
+        body = {"model": "T", "name": "x", "path": path}
+        error = error_of(await admin_of_t.post("/admin/adapters", json=body), 400)
+        assert (error["code"], error["param"]) == ("adapter_path_not_allowed", "path"), path
+        assert "SERVICEAI_ADAPTER_ROOTS (/models)" in error["message"]
+    assert await store.adapters() == []
+    for name, path in (("hub", "acme/sql-lora"), ("kept", "/models/acme")):
+        body = {"model": "T", "name": name, "path": path}
+        assert (await admin_of_t.post("/admin/adapters", json=body)).status_code == 201
+    check_adapter_path("/models/x", [Path("/models")], hub_ids=False)
+    with pytest.raises(ApiError) as no_hub:
+        check_adapter_path("acme/sql-lora", [Path("/models")], hub_ids=False)
+    assert "Hugging Face" not in no_hub.value.message
