@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -312,3 +313,30 @@ def test_a_budget_smaller_than_the_request_answers_as_a_spent_one_on_every_api(s
     assert set(found.values()) == {("insufficient_quota", "insufficient_quota", "false", False)}, (
         found
     )
+
+
+def test_ten_bombs_at_once_are_refused_before_an_engine_sees_them(stack: Stack, http):
+    """Issue 70: a few grammar bombs at a free plan's concurrency held an engine's grammar
+    worker. Ten at once (the enum bomb on chat, the regex bomb on completions) are refused by
+    the gateway, while another user's request beside them is served."""
+    email = f"{secrets.token_hex(5)}@bombs.test"
+    user = serviceai_cli(stack.database_url, "users", "create", "--email", email, "--json")
+    key = serviceai_cli(stack.database_url, "keys", "create", "--user", user["id"], "--json")
+    stack.secrets.append(key["key"])
+    enum_bomb = FAULTS[[f.name for f in FAULTS].index("an enum bomb in a JSON schema")]
+    regex_bomb = FAULTS[[f.name for f in FAULTS].index("a regex bomb")]
+    bombs = [
+        (path, fault.requests[path])
+        for fault, path in [(enum_bomb, CHAT), (regex_bomb, COMPLETION)] * 5
+    ]
+    other = {"Authorization": f"Bearer {key['key']}"}
+    with ThreadPoolExecutor(len(bombs) + 1) as pool:
+        served = pool.submit(
+            http.post,
+            CHAT,
+            json={"model": "ServiceAi-Fast", "messages": [{"role": "user", "content": "hi"}]},
+            headers=other,
+        )
+        refused = list(pool.map(lambda bomb: http.post(bomb[0], json=bomb[1]), bombs))
+    assert served.result().status_code == 200, served.result().text
+    assert {error_of(r, 400)["code"] for r in refused} == {"grammar_too_complex"}

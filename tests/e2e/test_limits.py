@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -464,6 +466,77 @@ def test_redis_down_refuses_by_default_or_serves_when_configured(stack, fail_ope
     error = error_of(response, 503)
     assert (error["type"], error["code"]) == ("server_error", "rate_limiter_unavailable")
     assert response.headers["retry-after"] == "2"
+
+
+@contextmanager
+def redis_server(port: int, folder: Path) -> Iterator[subprocess.Popen]:
+    """A Redis of the test's own on `port`, keeping nothing on disk; stopped at the end."""
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+        cwd=folder,
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port, socket_timeout=1)
+    try:
+        wait_until(lambda: _pings(client), timeout_s=20)
+        yield server
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def test_redis_stopped_under_load_leaves_nothing_served_unlimited(stack, tmp_path):
+    """Issue 70: in production a Redis outage turned every limit, budget and concurrency cap
+    off. Now, with the production profile's default, Redis killed while four clients keep
+    sending: every reply served carries the limits' headers, the outage is answered 503 with
+    Retry-After, and the service limits again once Redis is back."""
+    port = free_port()
+    env = {"SERVICEAI_REDIS_URL": f"redis://127.0.0.1:{port}/0", "SERVICEAI_REDIS_TIMEOUT_S": "0.5"}
+    seen: list[tuple[int, bool, str | None]] = []
+    retry_after: set[str | None] = set()
+    stop = threading.Event()
+
+    def client(base_url: str) -> None:
+        body = {"model": "ServiceAi-Fast", "messages": HI, "max_tokens": 2}
+        auth = {"Authorization": f"Bearer {stack.api_key}"}
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                reply = http.post(f"{base_url}/chat/completions", json=body, headers=auth)
+                limited = "x-ratelimit-limit-requests" in reply.headers
+                code = reply.json()["error"]["code"] if reply.status_code != 200 else None
+                if reply.status_code == 503:
+                    retry_after.add(reply.headers.get("retry-after"))
+                seen.append((reply.status_code, limited, code))
+
+    with redis_server(port, tmp_path) as server, ingress_app(stack, "redis-stops", env=env) as url:
+        clients = [threading.Thread(target=client, args=(url,)) for _ in range(4)]
+        for thread in clients:
+            thread.start()
+        try:
+            wait_until(lambda: sum(s == 200 for s, _, _ in seen) >= 8, timeout_s=60)
+            server.kill()
+            server.wait()
+            outage = len(seen)
+            wait_until(lambda: sum(s == 503 for s, _, _ in seen[outage:]) >= 8, timeout_s=60)
+            with redis_server(port, tmp_path):
+                back = len(seen)
+                wait_until(lambda: any(s == 200 for s, _, _ in seen[back:]), timeout_s=60)
+        finally:
+            stop.set()
+            for thread in clients:
+                thread.join()
+    served = [limited for status, limited, _ in seen if status == 200]
+    assert served and all(served), "a reply was served without its limits"
+    refused = {code for status, _, code in seen if status != 200}
+    assert refused <= {"rate_limiter_unavailable", "rate_limit_exceeded"}, refused
+    assert "rate_limiter_unavailable" in refused and retry_after == {"2"}
 
 
 def test_a_full_queue_answers_503_at_once(stack):
