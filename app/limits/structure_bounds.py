@@ -82,9 +82,9 @@ def check_schema(schema: Any, param: str) -> None:
                 chars += sum(map(len, value))
             elif key == "enum" and type(value) is list:
                 enums += len(value)
-                chars += sum(len(str(v)) for v in value)
+                chars += sum(_chars(v) for v in value)
             elif key == "const":
-                chars += len(str(value))
+                chars += _chars(value)
             elif key == "pattern" and type(value) is str:
                 chars += len(value)
                 check_regex(value, param)
@@ -99,6 +99,12 @@ def check_schema(schema: Any, param: str) -> None:
                 f"{MAX_SCHEMA_CHARS} characters",
                 "120,000 characters",
             )
+
+
+def _chars(value: Any) -> int:
+    """A value's characters as the grammar holds them (never str() of a huge integer, which
+    Python refuses past 4,300 digits)."""
+    return len(value) if isinstance(value, str) else 1
 
 
 _NESTED = (dict, list)
@@ -171,7 +177,7 @@ def check_structured_outputs(value: Any, param: str = "structured_outputs") -> N
     if isinstance(choice, list):
         if len(choice) > MAX_CHOICES:
             raise refuse(f"{param}.choice", f"it lists {len(choice)} choices", "5,000")
-        if sum(len(str(c)) for c in choice) > MAX_SCHEMA_CHARS:
+        if sum(_chars(c) for c in choice) > MAX_SCHEMA_CHARS:
             raise refuse(f"{param}.choice", "its choices are too long", "120,000 characters")
     grammar = value.get("grammar")
     if isinstance(grammar, str) and len(grammar) > MAX_GRAMMAR_CHARS:

@@ -41,6 +41,8 @@ Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 # More than any context; a larger count overflowed on its way to the engine (a 500).
 TokenLimit = Annotated[int, Field(le=2**31 - 1)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+# A vocabulary's ids; a larger integer failed on its way to the engine (MessagePack: 64 bits).
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 JsonObject = dict[str, Any]
 Structure = tuple[str, Literal["schema", "structured_outputs"], Any]
 """What a request makes the engine compile: (the field as its API names it, its kind, value);
@@ -149,9 +151,14 @@ class GenerationFields(BaseModel):
     top_k: Annotated[int, Field(ge=-1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
-    stop_token_ids: Annotated[list[int], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    allowed_token_ids: Annotated[list[int], Field(max_length=MAX_TOKEN_LIST)] | None = None
-    bad_words: Annotated[list[StopText], Field(max_length=MAX_BAD_WORDS)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    allowed_token_ids: (
+        Annotated[list[TokenId], Field(min_length=1, max_length=MAX_TOKEN_LIST)] | None
+    ) = None
+    bad_words: (
+        Annotated[list[Annotated[StopText, Field(min_length=1)]], Field(max_length=MAX_BAD_WORDS)]
+        | None
+    ) = None
 
     @field_validator("stop")
     @classmethod

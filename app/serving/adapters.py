@@ -90,10 +90,10 @@ def check_adapter_path(path: str, roots: Sequence[Path], hub_ids: bool = True) -
     real = Path(os.path.realpath(path))
     if Path(path).is_absolute() and any(real.is_relative_to(os.path.realpath(r)) for r in roots):
         return
-    where = ", ".join(str(r) for r in roots) or "none are configured"
+    # The roots are the server's folders: named by the setting, never shown to a client.
     raise ApiError(
         400,
-        f"An adapter's path must be a folder inside SERVICEAI_ADAPTER_ROOTS ({where})"
+        "An adapter's path must be a folder inside one of SERVICEAI_ADAPTER_ROOTS"
         + (" or a Hugging Face id (owner/name)" if hub_ids else "")
         + f": '{path[:200]}' is neither. Copy the adapter into one of them, or ask for its "
         "folder to be added.",

@@ -187,7 +187,7 @@ async def test_an_adapter_path_outside_the_configured_roots_is_refused_by_name(
         body = {"model": "T", "name": "x", "path": path}
         error = error_of(await admin_of_t.post("/admin/adapters", json=body), 400)
         assert (error["code"], error["param"]) == ("adapter_path_not_allowed", "path"), path
-        assert "SERVICEAI_ADAPTER_ROOTS (/models)" in error["message"]
+        assert "SERVICEAI_ADAPTER_ROOTS or" in error["message"]  # the setting, not its folders
     assert await store.adapters() == []
     for name, path in (("hub", "acme/sql-lora"), ("kept", "/models/acme")):
         body = {"model": "T", "name": name, "path": path}
