@@ -87,9 +87,10 @@ def check_adapter_path(path: str, roots: Sequence[Path], hub_ids: bool = True) -
     # An id that is a folder here would be read from the nodes' disks as a relative path.
     if hub_ids and HUB_ID.fullmatch(path) and ".." not in path and not os.path.exists(path):
         return
-    real = Path(os.path.realpath(path))
-    if Path(path).is_absolute() and any(real.is_relative_to(os.path.realpath(r)) for r in roots):
-        return
+    if Path(path).is_absolute() and path.isprintable():  # a NUL byte is no path anywhere
+        real = Path(os.path.realpath(path))
+        if any(real.is_relative_to(os.path.realpath(r)) for r in roots):
+            return
     # The roots are the server's folders: named by the setting, never shown to a client.
     raise ApiError(
         400,
