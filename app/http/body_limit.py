@@ -2,7 +2,8 @@
 
 A declared `Content-Length` over the cap is refused before the application sees a byte of the
 body; a body without one (chunked) is counted as it arrives and cut off at the cap. Either way the
-client gets a 413 in the OpenAI envelope, and the application never holds more than the cap.
+client gets a 413 in its API's envelope (OpenAI's; Anthropic's under /v1/messages), and the
+application never holds more than the cap.
 A body still arriving `read_timeout_s` after the application first asked for it is cut off
 with a 408: a client sending a byte a second holds nothing for long.
 
@@ -21,6 +22,7 @@ import asyncio
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.anthropic import envelope
 from app.openai.errors import error_body
 
 DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
@@ -30,26 +32,27 @@ DRAIN_FACTOR = 8
 _DISCONNECT: Message = {"type": "http.disconnect"}
 
 
-def too_slow_body(read_timeout_s: float) -> bytes:
-    return orjson.dumps(
-        error_body(
-            f"The request body did not arrive within {read_timeout_s:g} s. "
-            "Send it at once, or over a faster connection.",
-            "invalid_request_error",
-            code="request_timeout",
-        )
+def too_slow_body(read_timeout_s: float, anthropic: bool = False) -> bytes:
+    message = (
+        f"The request body did not arrive within {read_timeout_s:g} s. "
+        "Send it at once, or over a faster connection."
     )
+    return _refusal(408, message, "request_timeout", anthropic)
 
 
-def too_large_body(max_body_bytes: int) -> bytes:
-    return orjson.dumps(
-        error_body(
-            f"The request body is larger than the limit of {max_body_bytes} bytes "
-            f"({max_body_bytes / 2**20:g} MiB). Send a shorter conversation.",
-            "invalid_request_error",
-            code="request_too_large",
-        )
+def too_large_body(max_body_bytes: int, anthropic: bool = False) -> bytes:
+    message = (
+        f"The request body is larger than the limit of {max_body_bytes} bytes "
+        f"({max_body_bytes / 2**20:g} MiB). Send a shorter conversation."
     )
+    return _refusal(413, message, "request_too_large", anthropic)
+
+
+def _refusal(status: int, message: str, code: str, anthropic: bool) -> bytes:
+    """The body of an early refusal in its API's envelope: Anthropic's under /v1/messages."""
+    if anthropic:
+        return orjson.dumps(envelope.error_body(status, message))
+    return orjson.dumps(error_body(message, "invalid_request_error", code=code))
 
 
 class RequestBody:
@@ -59,6 +62,7 @@ class RequestBody:
         self, scope: Scope, receive: Receive, max_bytes: int, read_timeout_s: float
     ) -> None:
         self._receive = receive
+        self.scope = scope
         self.max_bytes = max_bytes
         self.read_timeout_s = read_timeout_s
         self.declared, chunked, self._awaits_continue = _framing(scope["headers"])
@@ -130,7 +134,9 @@ class BodyLimit:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s
-        self._refusals = {413: too_large_body(max_body_bytes), 408: too_slow_body(read_timeout_s)}
+        self._refusals = {
+            (413, anthropic): too_large_body(max_body_bytes, anthropic) for anthropic in (0, 1)
+        } | {(408, anthropic): too_slow_body(read_timeout_s, anthropic) for anthropic in (0, 1)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -171,7 +177,8 @@ class BodyLimit:
             await self._refuse(send, body, body.over)
 
     async def _refuse(self, send: Send, body: RequestBody, status: int) -> None:
-        refusal = self._refusals[status]
+        path = body.scope.get("path", "").removeprefix(body.scope.get("root_path", ""))
+        refusal = self._refusals[status, int(envelope.speaks_anthropic(path))]
         await send(
             {
                 "type": "http.response.start",

@@ -61,6 +61,23 @@ async def test_a_declared_length_over_the_limit_is_refused_unread(limited):
     assert_too_large(response)
 
 
+async def test_a_body_over_the_limit_on_the_messages_api_is_refused_in_anthropics_envelope(
+    limited,
+):
+    """Found by the fuzzer: /v1/messages/count_tokens answered a 413 in OpenAI's envelope."""
+    client, key = limited
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        response = await client.post(
+            path,
+            content=b"x" * (LIMIT + 1),
+            headers={**bearer(key), "Content-Type": "application/json"},
+        )
+        assert response.status_code == 413
+        body = response.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        assert f"{LIMIT} bytes" in body["error"]["message"]
+
+
 def recording_app(seen: list[Message], status: int = 200) -> ASGIApp:
     """An app that reads the whole body (keeping what it saw) and answers `status`."""
 
