@@ -24,7 +24,7 @@ from app.limits.ticket import Meter
 from app.observability.request_record import RequestRecord, record_of
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
-from app.openai.sse import EventStream
+from app.openai.sse import EventStream, line_safe
 from app.serving import background, migration
 from app.serving.adapters import adapter_path
 from app.serving.dispatch import ModelEndpoint, ModelEndpoints, count_failure
@@ -387,7 +387,7 @@ async def _relay(
     try:
         part = tally.last
         while True:
-            data = await call.events(part)
+            data = line_safe(await call.events(part))
             if part.last:
                 await tally.finish(200)
             yield data

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import httpx
+import orjson
 import pytest
 from starlette.requests import ClientDisconnect
 
-from app.openai.sse import EventStream
+from app.openai.sse import EventStream, line_safe
 
 SCOPE = {
     "type": "http",
@@ -73,3 +75,20 @@ async def test_a_cancelled_request_task_closes_the_response_once():
     with pytest.raises(asyncio.CancelledError):
         await task
     assert closed == [True]
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_a_generated_line_separator_does_not_cut_an_event_for_a_line_splitting_client(separator):
+    content = f"one{separator}two \u2019quoted\u2019 — é"
+    event = b"data: " + orjson.dumps({"choices": [{"delta": {"content": content}}]}) + b"\n\n"
+
+    lines = httpx.Response(200, content=line_safe(event)).iter_lines()
+
+    data = [line for line in lines if line]
+    assert len(data) == 1
+    assert orjson.loads(data[0].removeprefix("data: "))["choices"][0]["delta"]["content"] == content
+
+
+def test_events_without_a_separator_are_relayed_as_they_are():
+    event = 'data: {"content": "caf\u00e9 \u2014 \u201cok\u201d"}\n\n'.encode()
+    assert line_safe(event) == event
