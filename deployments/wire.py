@@ -53,6 +53,11 @@ ADAPTER_PATH = "serviceai_adapter_path"
 names it: the replica loads it from there first, unless it holds it already, and takes the
 field out before vLLM reads the body."""
 
+GRAMMAR_PARAM = "serviceai_grammar_param"
+"""The body field in which the ingress names the request's field whose grammar the engine
+compiles (a schema, `structured_outputs`): the replica takes it out before vLLM reads the body,
+and names that field if the engine could not compile the grammar."""
+
 
 class ModelInfo(NamedTuple):
     """What the ingress may tell clients (and check early) about a model type."""
@@ -118,3 +123,10 @@ class EngineFailed(EngineUnavailable):
     """The engine died, or failed or dropped a request, or the process serving it did: the
     request may go on on another replica (app.serving.migration). `replica` names the one
     that failed it (a Serve replica's id)."""
+
+
+class EndedInEngine(EngineFailed):
+    """The engine ended the request with an error and no reason (vLLM's finish reason
+    "error"): in this service's engines, a grammar its core could not compile, which the
+    replica answers as a refusal when the ingress named the field it came from
+    (GRAMMAR_PARAM); otherwise a failure like any other."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from app.openai.errors import ApiError
 from app.openai.protocol import Structure
+from deployments.wire import GRAMMAR_PARAM
 
 MAX_SCHEMA_DEPTH = 128
 """Levels of JSON objects and arrays: a schema level is two (the schema and its properties)."""
@@ -43,6 +44,16 @@ def check_structures(structures: Iterable[Structure]) -> None:
             check_schema(value, param)
         else:
             check_structured_outputs(value, param)
+
+
+def marked(payload: dict[str, Any], structures: Iterable[Structure]) -> dict[str, Any]:
+    """`payload` naming the field whose grammar the engine compiles, if any: the replica
+    refuses by that name a grammar its engine could not compile within its budget
+    (deployments.vllm_engine.grammar_budget)."""
+    param = next((param for param, _, _ in structures), None)
+    if param is not None:
+        payload[GRAMMAR_PARAM] = param
+    return payload
 
 
 def refuse(param: str, what: str, bound: str) -> ApiError:

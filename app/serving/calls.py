@@ -9,7 +9,7 @@ from __future__ import annotations
 import orjson
 
 from app.anthropic.messages import MessagesRequest
-from app.limits.structure_bounds import check_structures
+from app.limits.structure_bounds import check_structures, marked
 from app.openai.chat import ChatCompletionRequest
 from app.openai.completions import CompletionRequest
 from app.openai.embeddings import EmbeddingRequest
@@ -47,7 +47,7 @@ class RelayedCall:
         pass
 
     def payload(self) -> dict:
-        return self.body.to_engine()
+        return marked(self.body.to_engine(), self.body.structures())
 
     async def whole(self, data: bytes) -> bytes:
         return data

@@ -18,7 +18,7 @@ import orjson
 from app.accounts.auth import Caller
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.responses import UNFINISHED, ResponseStore
-from app.limits.structure_bounds import check_structures
+from app.limits.structure_bounds import check_structures, marked
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.openai.responses import ResponseCreateRequest, new_response_id
@@ -83,7 +83,9 @@ class ResponsesCall:
         self._conversation = conversation
 
     def payload(self) -> dict:
-        return self.body.payload(self.response_id, self._conversation)
+        return marked(
+            self.body.payload(self.response_id, self._conversation), self.body.structures()
+        )
 
     async def whole(self, data: bytes) -> bytes:
         response = orjson.loads(data)

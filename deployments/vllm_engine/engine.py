@@ -40,7 +40,7 @@ from deployments.vllm_engine.shared_engine import (
     client_engine,
     watch_core,
 )
-from deployments.wire import ADAPTER_PATH, GenerationError, ModelInfo, ReplyPart
+from deployments.wire import ADAPTER_PATH, GRAMMAR_PARAM, GenerationError, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")  # into the replica's Serve log
 
@@ -218,7 +218,8 @@ class VllmEngine:
         see `replies.serve`; under priority scheduling, once the gate gives it a slot per
         sequence it runs. A registered adapter it names is loaded first, unless held."""
         path = body.pop(ADAPTER_PATH, None)
-        parts = replies.serve(self._api(api, body), body, batched=batched)
+        grammar = body.pop(GRAMMAR_PARAM, None)
+        parts = replies.serve(self._api(api, body), body, batched=batched, grammar=grammar)
         if path is not None:
             parts = self._runtime_adapters.loaded_first(body["model"], path, parts)
         return self.gated(api, body, parts)
@@ -245,6 +246,8 @@ class VllmEngine:
         path = body.pop(ADAPTER_PATH, None)
         if path is not None:
             await self._runtime_adapters.load(body["model"], path)
+        # Not popped: in the ingress's own process the same body is then served.
+        body = {name: value for name, value in body.items() if name != GRAMMAR_PARAM}
         return await replies.prompt_tokens(self._api(api, body), body)
 
     def _api(self, api: str, body: dict[str, Any]) -> ServedApi:

@@ -24,7 +24,7 @@ from vllm.entrypoints.anthropic.protocol import (
 from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
-from deployments.vllm_engine.replies import Event, stream_failure
+from deployments.vllm_engine.replies import Event, stream_error
 
 _ERROR_EVENT = "event: error\n"
 _LAST_EVENT = "event: message_stop\n"
@@ -66,7 +66,7 @@ class MessagesApi:
         try:
             async for event in stream:
                 if event.startswith(_ERROR_EVENT):
-                    raise stream_failure(RuntimeError(_error_message(event)))
+                    raise stream_error(_error_message(event))
                 if omitted and _THINKING_DELTA in event:
                     continue
                 yield Event(event.encode(), last=event.startswith(_LAST_EVENT))

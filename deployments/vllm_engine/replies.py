@@ -18,11 +18,14 @@ from typing import Any, NamedTuple, Protocol
 
 from pydantic import ValidationError
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.exceptions import GenerationError as VLLMGenerationError
 from vllm.exceptions import VLLMClientError, VLLMServerError
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from deployments.vllm_engine.counting import EngineTokens, WholeReply, count_this_request
+from deployments.vllm_engine.grammar_budget import budget_s
 from deployments.wire import (
+    EndedInEngine,
     EngineFailed,
     GenerationError,
     InvalidGenerationRequest,
@@ -37,6 +40,8 @@ most 4 MiB (a whole reply of n 8 with top_logprobs reaches that)."""
 _PROMPT_PARAMS = frozenset({"input_tokens", "input_text"})
 # xgrammar prefixes its errors with a time and a source position: "[00:50:03] <path>:4944: ".
 _GRAMMAR_LOG_PREFIX = re.compile(r"\[\d{2}:\d{2}:\d{2}\] <path>:\d+: ")
+ENDED_WITH_ERROR = "Internal server error"
+"""vLLM's whole message for a request its engine ended with an error (finish reason "error")."""
 
 
 class Event(NamedTuple):
@@ -96,7 +101,7 @@ def parse(api: ServedApi, body: dict[str, Any]) -> Any:
 
 
 async def serve(
-    api: ServedApi, body: dict[str, Any], *, batched: bool = True
+    api: ServedApi, body: dict[str, Any], *, batched: bool = True, grammar: str | None = None
 ) -> AsyncIterator[ReplyPart]:
     """The parts of one request of `api`.
 
@@ -104,10 +109,15 @@ async def serve(
     data), then its body, in parts up to the `last` one. A stream: its events, all that
     arrived since the last part in each (one event per part unless `batched`: a feed batches
     across requests instead), the last part `last`. A refusal that comes before any part is
-    raised there, so that the client gets it as an HTTP status.
+    raised there, so that the client gets it as an HTTP status. `grammar`: the request's field
+    whose grammar the engine compiles, named if it could not (`refused_grammar`).
     """
     request = parse(api, body)
     count = count_this_request()
+
+    def failed(error: GenerationError) -> GenerationError:
+        return charged(refused_grammar(error, grammar, count), count)
+
     whole = not getattr(request, "stream", False)
     # A stream's first await returns at once: awaited as it is.
     reply = WholeReply(api.create(request), count) if whole else None
@@ -121,12 +131,12 @@ async def serve(
     except (ValueError, VLLMClientError) as exc:
         raise charged(refusal(api.create_error_response(exc), api, body), count) from None
     except VLLMServerError as exc:
-        raise charged(engine_failure(exc), count) from None
+        raise failed(engine_failure(exc)) from None
     finally:
         if reply is not None:
             reply.cancel()
     if isinstance(result, ErrorResponse):
-        raise charged(refusal(result, api, body), count)
+        raise failed(refusal(result, api, body))
     if whole:
         data = api.body(result, request)
         for start in range(0, len(data), MAX_PART_BYTES):
@@ -139,7 +149,7 @@ async def serve(
         async for data, final, last in events:
             yield ReplyPart(data, count.prompt, count.completion, last, final)
     except GenerationError as error:
-        raise charged(error, count) from None
+        raise failed(error) from None
     finally:  # closing vLLM's generator aborts the engine request
         await events.aclose()
 
@@ -169,6 +179,8 @@ def refusal(response: ErrorResponse, api: ServedApi, body: dict[str, Any]) -> Ge
     status = int(info.code) if isinstance(info.code, int) else 500
     if status >= 500:
         logger.error("The serving layer failed a request: %s", info.message)
+        if info.message == ENDED_WITH_ERROR:
+            return EndedInEngine("The model engine failed this request. Retry shortly.")
         return EngineFailed("The model engine failed this request. Retry shortly.")
     message = _GRAMMAR_LOG_PREFIX.sub("", info.message)
     error = InvalidGenerationRequest(message)
@@ -188,7 +200,28 @@ def engine_failure(exc: VLLMServerError) -> EngineFailed:
     if isinstance(exc, EngineDeadError):
         return EngineFailed("The model engine stopped; the request was not completed.")
     logger.error("The engine failed a request: %r", exc)
+    if type(exc) is VLLMGenerationError:
+        return EndedInEngine("The model engine failed this request. Retry shortly.")
     return EngineFailed("The model engine failed this request. Retry shortly.")
+
+
+def refused_grammar(
+    error: GenerationError, grammar: str | None, count: EngineTokens
+) -> GenerationError:
+    """`error`, or a 400 naming `grammar` when it is the engine's end of a request whose
+    grammar it could not compile (past its budget, deployments.vllm_engine.grammar_budget,
+    or refused): vLLM carries no reason from the engine core, only that the request ended in
+    error before its first token. In this service's engines (no KV or encoder connector)
+    nothing else ends a request so."""
+    if grammar is None or count.completion or not isinstance(error, EndedInEngine):
+        return error
+    refused = InvalidGenerationRequest(
+        f"The engine could not compile {grammar} into a grammar within its budget of "
+        f"{budget_s():g} s. Simplify it (fewer values or levels, shorter patterns)."
+    )
+    refused.code = "grammar_too_complex"
+    refused.param = grammar
+    return refused
 
 
 def stream_failure(exc: Exception) -> GenerationError:
@@ -199,6 +232,13 @@ def stream_failure(exc: Exception) -> GenerationError:
         return engine_failure(exc)
     logger.error("A stream failed: %r", exc)
     return EngineFailed("The model engine failed while generating. Retry shortly.")
+
+
+def stream_error(message: str) -> GenerationError:
+    """A failure vLLM reported inside a stream, by its message, as the failure it is."""
+    if message == ENDED_WITH_ERROR:
+        return EndedInEngine("The model engine failed this request. Retry shortly.")
+    return stream_failure(RuntimeError(message))
 
 
 def charged(error: GenerationError, count: EngineTokens) -> GenerationError:

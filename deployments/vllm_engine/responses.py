@@ -25,7 +25,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from deployments.vllm_engine.completions import compact_json
 from deployments.vllm_engine.counting import CountingEngineClient
 from deployments.vllm_engine.forced_tool_calls import is_forced
-from deployments.vllm_engine.replies import Event
+from deployments.vllm_engine.replies import Event, stream_error
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # vLLM-only fields of its response object; OpenAI's clients do not know them.
@@ -125,9 +125,12 @@ class ResponsesApi:
         _echoed(response, self._echo)
 
     async def events(self, stream: AsyncIterator[Any], request: Any) -> AsyncIterator[Event]:
-        """OpenAI's stream events, encoded; the terminal one held apart (`final`)."""
+        """OpenAI's stream events, encoded; the terminal one held apart (`final`). vLLM's
+        `error` event is raised, for the ingress to frame."""
         try:
             async for event in stream:
+                if event.type == "error":
+                    raise stream_error(event.message)
                 response = getattr(event, "response", None)
                 if response is not None:
                     self._finished(response)

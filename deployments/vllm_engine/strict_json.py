@@ -88,16 +88,6 @@ class StrictStringCompiler:
 def install() -> None:
     """vLLM general plugin: every xgrammar backend vLLM builds in this process compiles schema
     grammars with strict strings."""
-    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+    from deployments.vllm_engine.vllm_internals import wrap_xgrammar_compiler
 
-    if getattr(XgrammarBackend.__post_init__, "_serviceai_strict", False):
-        return  # plugins may load more than once in a process
-    post_init = XgrammarBackend.__post_init__
-
-    @functools.wraps(post_init)
-    def strict_post_init(self: XgrammarBackend) -> None:
-        post_init(self)
-        self.compiler = StrictStringCompiler(self.compiler)
-
-    strict_post_init._serviceai_strict = True
-    XgrammarBackend.__post_init__ = strict_post_init
+    wrap_xgrammar_compiler("_serviceai_strict", StrictStringCompiler)

@@ -2,7 +2,8 @@
 
 vLLM has no public hook for what the adapter mends or measures: forced calls that skip the
 structural tag (`forced_tool_calls`), rewindable seeded sampling on CPU (`seeded_sampling`),
-JSON-schema strings held to JSON (`strict_json`), Anthropic's prefill (`messages`), a prompt's length as the serving layer
+JSON-schema strings held to JSON (`strict_json`), a time budget on each grammar's compile
+(`grammar_budget`), Anthropic's prefill (`messages`), a prompt's length as the serving layer
 renders it (an embedding request's inputs too: `embeddings`), adapters loaded at run time
 (`adapters`), and the Responses handler built on the replica's own engine (`responses`). Those
 modules do the work; this one names every private surface they touch. Each replica calls
@@ -14,8 +15,10 @@ test_vllm_internals.py checks that every patch in the folder is listed.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from deployments.attributes import attributes_set
@@ -59,6 +62,11 @@ PATCHED = (
         "strict_json: schema strings compile to JSON characters",
     ),
     Surface(
+        "vllm.v1.structured_output.backend_xgrammar",
+        "XgrammarBackend.__post_init__",
+        "grammar_budget: a compile past its budget fails its request",
+    ),
+    Surface(
         "vllm.entrypoints.anthropic.serving",
         "AnthropicServingMessages.to_chat_completion_request",
         "messages: a final assistant message is continued (Anthropic's prefill)",
@@ -73,6 +81,10 @@ READ = (
     Surface(
         "vllm.v1.structured_output.backend_xgrammar", "XgrammarBackend.compiler", "strict_json"
     ),
+    Surface(
+        "vllm.v1.structured_output.backend_xgrammar", "XgrammarBackend.compiler", "grammar_budget"
+    ),
+    Surface("vllm.exceptions", "GenerationError", "replies: the engine ended a request in error"),
     Surface(
         "vllm.tool_parsers.abstract_tool_parser",
         "ToolParserManager.register_module",
@@ -287,3 +299,22 @@ def _missing(surface: Surface) -> str | None:
         if moved:
             return f"no longer takes {', '.join(moved)}"
     return None
+
+
+def wrap_xgrammar_compiler(marker: str, wrap: Callable[[Any], Any]) -> None:
+    """Every xgrammar backend vLLM builds in this process compiles through `wrap(compiler)`
+    (`XgrammarBackend.__post_init__` and `.compiler`, listed above). `marker` names the wrap:
+    a plugin may load more than once in a process, and its wrap is made once."""
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
+    if getattr(XgrammarBackend.__post_init__, marker, False):
+        return
+    post_init = XgrammarBackend.__post_init__
+
+    @functools.wraps(post_init)
+    def wrapped_post_init(self: XgrammarBackend) -> None:
+        post_init(self)
+        self.compiler = wrap(self.compiler)
+
+    setattr(wrapped_post_init, marker, True)
+    XgrammarBackend.__post_init__ = wrapped_post_init

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 
 import openai
+import pytest
 from ray import serve
 
 from app.builder import build_app, build_model_type
+from deployments.vllm_engine.grammar_budget import BUDGET_ENV
 from tests.conftest import app_args
 
 
@@ -18,8 +20,18 @@ def wait_running(app: str, timeout_s: float) -> None:
         time.sleep(1)
 
 
+ENUM = {
+    "type": "object",
+    "properties": {"c": {"type": "string", "enum": [f"value {i}" for i in range(2000)]}},
+    "required": ["c"],
+}
+"""Within the ingress's bounds; about 40 ms to compile for the tiny model, past this app's budget."""
+
+
 def test_ingress_deployed_first_waits_for_its_model_type_application(stack):
     fast = app_args()["model_types"][0]
+    # A grammar compile budget of 1 ms: a schema the ingress lets through is past it.
+    fast["env_vars"] = {**fast.get("env_vars", {}), BUDGET_ENV: "0.001"}
     edge_args = {
         "ingress": {"num_replicas": 1, "num_cpus": 0.25},
         "model_types": ["ServiceAi-Fast"],  # as production's ingress: the name only
@@ -50,6 +62,35 @@ def test_ingress_deployed_first_waits_for_its_model_type_application(stack):
             )
         )
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        a_grammar_past_its_compile_budget_is_refused_by_name(client)
     finally:
         serve.delete("edge")
         serve.delete("ServiceAi-Fast")
+
+
+def a_grammar_past_its_compile_budget_is_refused_by_name(client: openai.OpenAI) -> None:
+    """The engine fails a request whose grammar outlived its compile budget: a 400 naming the
+    field, and the engine serves on."""
+    response_format = {"type": "json_schema", "json_schema": {"name": "c", "schema": ENUM}}
+    messages = [{"role": "user", "content": "pick"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="ServiceAi-Fast", messages=messages, max_tokens=8, response_format=response_format
+        )
+    error = refused.value.body
+    assert (error["code"], error["param"]) == ("grammar_too_complex", "response_format")
+    assert "budget of 0.001 s" in error["message"]
+
+    with pytest.raises(openai.APIError) as streamed:
+        for _ in client.chat.completions.create(
+            model="ServiceAi-Fast",
+            messages=messages,
+            max_tokens=8,
+            response_format=response_format,
+            stream=True,
+        ):
+            pass
+    assert streamed.value.body["code"] == "grammar_too_complex"
+
+    reply = client.chat.completions.create(model="ServiceAi-Fast", messages=messages, max_tokens=2)
+    assert reply.choices[0].finish_reason in ("stop", "length")

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.exceptions import GenerationError as VLLMGenerationError
 from vllm.exceptions import VLLMValidationError
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from deployments.vllm_engine import counting, replies
 from deployments.vllm_engine.completions import ChatApi
 from deployments.vllm_engine.replies import Event, EventBatcher, serve
-from deployments.wire import EngineUnavailable, InvalidGenerationRequest
+from deployments.wire import EndedInEngine, EngineUnavailable, InvalidGenerationRequest
 
 
 class Body(BaseModel):
@@ -60,9 +61,11 @@ def error_response(message: str, code: int, param: str | None = None) -> ErrorRe
     )
 
 
-async def parts_of(api, body: dict, limit: int | None = None, batched: bool = True) -> list:
+async def parts_of(
+    api, body: dict, limit: int | None = None, batched: bool = True, grammar: str | None = None
+) -> list:
     parts = []
-    served = serve(api, body, batched=batched)
+    served = serve(api, body, batched=batched, grammar=grammar)
     async for part in served:
         parts.append(part)
         if len(parts) == limit:
@@ -286,3 +289,57 @@ async def test_a_chat_error_event_is_raised_as_its_error(event, status, code):
         await sse_events("data: {}\n\n", event)
     assert (raised.value.status, raised.value.code) == (status, code)
     assert "boom" not in raised.value.message  # an engine's message stays in the log
+
+
+ENDED = ErrorResponse.model_validate(
+    {"error": {"message": "Internal server error", "type": "InternalServerError", "code": 500}}
+)
+
+
+@pytest.mark.parametrize(
+    "ended",
+    [VLLMGenerationError(), ENDED],
+    ids=["raised", "error response"],
+)
+async def test_a_request_the_engine_ended_before_its_first_token_names_its_grammar(ended):
+    """vLLM ends a request whose grammar the engine could not compile (past its budget) with
+    only "Internal server error": a request that carried one hears which field to simplify."""
+
+    async def create(_):
+        counting._counted.get().prompt = 0
+        if isinstance(ended, Exception):
+            raise ended
+        return ended
+
+    with pytest.raises(InvalidGenerationRequest) as refused:
+        await parts_of(StandInApi(create), {}, grammar="response_format")
+    assert (refused.value.status, refused.value.code) == (400, "grammar_too_complex")
+    assert refused.value.param == "response_format"
+    assert "response_format" in refused.value.message and "budget of 10 s" in refused.value.message
+
+    # Without a grammar, or once tokens came, it is the engine's failure: a 503 to retry.
+    with pytest.raises(EndedInEngine):
+        await parts_of(StandInApi(create), {})
+
+
+async def test_a_stream_the_engine_ended_names_its_grammar_after_what_came_before():
+    api = streamed(Event(b"data: {}\n\n"), then=EndedInEngine("ended"))
+
+    served = serve(api, {"stream": True}, grammar="tools")
+    assert (await anext(served)).data == b"data: {}\n\n"
+    with pytest.raises(InvalidGenerationRequest) as refused:
+        await anext(served)
+    assert (refused.value.code, refused.value.param) == ("grammar_too_complex", "tools")
+
+
+async def test_an_ended_stream_with_tokens_made_is_the_engines_failure():
+    async def create(_):
+        counting._counted.get().completion = 3
+        return "stream"
+
+    async def stream():
+        yield Event(b"data: {}\n\n")
+        raise EndedInEngine("ended")
+
+    with pytest.raises(EndedInEngine):
+        await parts_of(StandInApi(create, stream), {"stream": True}, grammar="tools")
