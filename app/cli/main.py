@@ -23,6 +23,7 @@ from app.cli.serve_process import PortRefused, ServeRun, claim_runtime_dir, clea
 from app.cli.users import users
 from app.config.settings import PROJECT_ROOT
 from app.serving.ray_runtime import cluster_env, free_port
+from app.version import VERSION
 
 cli = typer.Typer(help="ServiceAi: OpenAI-compatible chat completions on Ray Serve and vLLM.")
 cli.add_typer(users, name="users")
@@ -34,8 +35,18 @@ cli.command("audit", epilog=EXIT_CODES)(audit)
 LOCAL_USER = "local@localhost"
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"serviceai {VERSION}")
+        raise typer.Exit()
+
+
 @cli.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
     """ServiceAi command line."""
 
 

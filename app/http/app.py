@@ -32,6 +32,7 @@ from app.observability.request_record import ObservedRequests
 from app.openai.errors import api_path, install_error_handlers, validation_error
 from app.serving.adapters import RegisteredAdapters
 from app.serving.dispatch import ModelEndpoints
+from app.version import VERSION
 
 
 def create_api(
@@ -55,7 +56,7 @@ def create_api(
     api = FastAPI(
         title="ServiceAi",
         summary="OpenAI-compatible chat completions over logical model types.",
-        version="1.0.0",
+        version=VERSION,
         **({} if api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}),
     )
     api.state.models = models
