@@ -168,3 +168,32 @@ def test_the_schema_catches_a_mistake(schema):
     del service["spec"]["rayClusterConfig"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(service, schema)
+
+
+def test_the_secret_holds_each_value_of_the_env_file_as_the_shell_reads_it(tmp_path):
+    """kubectl's --from-env-file keeps quotes; the VMs' file quotes the database URL and the
+    proxies' JSON. The script's Secret holds what `source` gives the VMs."""
+    import base64
+    import subprocess
+
+    env_file = tmp_path / "production.env"
+    env_file.write_text(
+        "SERVICEAI_DATABASE_URL='postgresql+asyncpg://serviceai:p%40ss@db:5432/serviceai'\n"
+        'SERVICEAI_TRUSTED_PROXIES=\'["172.31.0.0/16", "127.0.0.1/32"]\'\n'
+        "SERVICEAI_GCS_REDIS_PASSWORD=''\n"
+        "HF_TOKEN=hf_plain\n"
+    )
+    made = subprocess.run(
+        [KUBERNETES / "env-secret.sh", env_file, "serviceai-env", "--dry-run=client", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    data = json.loads(made.stdout).get("data", {})
+    held = {name: base64.b64decode(value).decode() for name, value in data.items()}
+    assert held == {
+        "SERVICEAI_DATABASE_URL": "postgresql+asyncpg://serviceai:p%40ss@db:5432/serviceai",
+        "SERVICEAI_TRUSTED_PROXIES": '["172.31.0.0/16", "127.0.0.1/32"]',
+        "SERVICEAI_GCS_REDIS_PASSWORD": "",
+        "HF_TOKEN": "hf_plain",
+    }
