@@ -17,6 +17,7 @@ from app.accounts.keystore import KeyStore
 from app.accounts.keystore.errors import UserNotFound
 from app.cli.adapters import adapters
 from app.cli.common import EXIT_CODES, with_store
+from app.cli.gpu_profile import gpu_profile
 from app.cli.keys import keys
 from app.cli.reports import audit, usage
 from app.cli.serve_process import PortRefused, ServeRun, claim_runtime_dir, clear_port
@@ -31,6 +32,9 @@ cli.add_typer(keys, name="keys")
 cli.add_typer(adapters, name="adapters")
 cli.command("usage", epilog=EXIT_CODES)(usage)
 cli.command("audit", epilog=EXIT_CODES)(audit)
+cli.command("gpu-profile", epilog="Exit codes: 0 written, 2 what does not fit (named).")(
+    gpu_profile
+)
 
 LOCAL_USER = "local@localhost"
 
