@@ -151,7 +151,8 @@ async def start_engine(config: ModelTypeConfig, **options: Any) -> Any:
     from deployments.vllm_engine.engine import VllmEngine
 
     vllm_internals.check()
-    logger.info("Starting the engine of %s", config.name)
+    config = config.as_run()
+    logger.info("Starting the engine of %s on %s", config.name, config.model)
     with kept_through_logging_setup():
         return await VllmEngine.start(
             config.name,

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
+from deployments.model_families import UnknownFamily, parsers_for
 from deployments.priority_gate import BUSY_STREAM_INTERVAL
 from deployments.request_router import MAX_IMBALANCE
 from deployments.wire import ADAPTER_NAME
@@ -335,6 +336,35 @@ class ModelTypeConfig(BaseModel):
         if self.model_env and environ.get(self.model_env):
             return environ[self.model_env]
         return self.model
+
+    def as_run(self, environ: dict[str, str] | None = None) -> ModelTypeConfig:
+        """The type as its engine runs it: where `model_env` names another model, that model
+        with its family's parsers (deployments.model_families), never those configured for the
+        model it replaces; a family unknown there is refused, naming what to set instead."""
+        model = self.resolved_model(environ)
+        if model == self.model:
+            return self
+        if self.task == "embed":
+            return self.model_copy(update={"model": model})
+        try:
+            parsers = parsers_for(model)
+        except UnknownFamily as exc:
+            raise UnknownFamily(f"{self.model_env} names {exc}") from None
+        engine_args = {k: v for k, v in self.engine_args.items() if k != "reasoning_config"}
+        if parsers.think is not None:
+            start, end = parsers.think
+            engine_args["reasoning_config"] = {
+                "reasoning_start_str": start,
+                "reasoning_end_str": end,
+            }
+        return self.model_copy(
+            update={
+                "model": model,
+                "tool_call_parser": parsers.tool_call_parser,
+                "reasoning_parser": parsers.reasoning_parser,
+                "engine_args": engine_args,
+            }
+        )
 
     def serve_options(self) -> dict[str, Any]:
         """Keyword arguments for `Deployment.options()` of this model type's deployment."""

@@ -21,6 +21,7 @@ from deployments.gpu_profile import (
     model_type_entry,
     plan,
 )
+from deployments.model_families import UnknownFamily
 
 LOCAL_PROFILE = PROJECT_ROOT / "serve_config.yaml"
 HEADER = """\
@@ -81,7 +82,7 @@ def gpu_profile(
             gpu_memory_gib = memory if gpu_memory_gib is None else gpu_memory_gib
         placed = machine_plan(gpus, gpu_memory_gib)
         config = serve_config(placed)
-    except ProfileError as exc:
+    except (ProfileError, UnknownFamily) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     header = HEADER.format(gpus=gpus, memory=gpu_memory_gib, path=output.name)

@@ -21,9 +21,9 @@ from deployments.gpu_profile import (
     default_models,
     model_for,
     model_type_entry,
-    parsers_for,
     plan,
 )
+from deployments.model_families import UnknownFamily, parsers_for
 from deployments.model_type import ModelTypeConfig
 from deployments.tiny_model import ensure
 
@@ -84,7 +84,7 @@ def test_each_default_model_gets_its_familys_parsers():
     assert parsers_for("Qwen/Qwen2.5-Coder-7B-Instruct").tool_call_parser == "hermes"
     assert parsers_for("meta-llama/Llama-3.1-8B-Instruct").tool_call_parser == "llama3_json"
     assert parsers_for("Qwen/Qwen3-Embedding-0.6B").embed
-    with pytest.raises(ProfileError, match="tool_call_parser and reasoning_parser"):
+    with pytest.raises(UnknownFamily, match="tool_call_parser and reasoning_parser"):
         parsers_for("acme/unknown-7b")
 
 

@@ -3,6 +3,7 @@ from pydantic import ValidationError
 from ray.serve.config import RequestRouterConfig
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
+from deployments.model_families import UnknownFamily
 from deployments.model_server import ModelServer
 from deployments.model_type import (
     REQUEST_ROUTER,
@@ -242,3 +243,49 @@ def test_adapters_turn_lora_on_and_are_served_as_type_colon_name():
     kwargs = config.engine_kwargs("/m")
     assert kwargs["enable_lora"] is True and kwargs["max_loras"] == 4
     assert "enable_lora" not in ModelTypeConfig(name="ServiceAi-Fast").engine_kwargs("/m")
+
+
+def test_a_model_named_by_the_types_variable_runs_with_its_familys_parsers():
+    """The local profile's Pro reads the tiny model's reasoning as deepseek_v3 does; a real
+    Qwen3 named by SERVICEAI_MODEL_PRO gets Qwen3's parsers, not the tiny model's."""
+    pro = ModelTypeConfig(
+        name="ServiceAi-Pro",
+        model="tiny",
+        tool_call_parser=None,
+        reasoning_parser="deepseek_v3",
+        engine_args={"max_model_len": 2048, "reasoning_config": {"reasoning_start_str": "<x>"}},
+    )
+
+    running = pro.as_run({"SERVICEAI_MODEL_PRO": "Qwen/Qwen3-8B"})
+
+    assert (running.model, running.tool_call_parser, running.reasoning_parser) == (
+        "Qwen/Qwen3-8B",
+        "hermes",
+        "qwen3",
+    )
+    assert running.engine_args == {
+        "max_model_len": 2048,
+        "reasoning_config": {"reasoning_start_str": "<think>", "reasoning_end_str": "</think>"},
+    }
+    assert pro.as_run({}) is pro  # the configured model keeps the configured parsers
+    coder = ModelTypeConfig(name="ServiceAi-Coder", model="tiny")
+    assert coder.as_run({"SERVICEAI_MODEL_CODER": "Qwen/Qwen2.5-Coder-7B-Instruct"}).model_dump(
+        include={"tool_call_parser", "reasoning_parser"}
+    ) == {"tool_call_parser": "hermes", "reasoning_parser": None}
+
+
+def test_a_model_of_an_unknown_family_is_refused_naming_what_to_set():
+    pro = ModelTypeConfig(name="ServiceAi-Pro", model="tiny", reasoning_parser="deepseek_v3")
+
+    with pytest.raises(UnknownFamily) as refused:
+        pro.as_run({"SERVICEAI_MODEL_PRO": "acme/mystery-7b"})
+
+    message = str(refused.value)
+    assert message.startswith("SERVICEAI_MODEL_PRO names acme/mystery-7b")
+    assert "tool_call_parser and reasoning_parser" in message
+
+
+def test_an_embedding_type_takes_the_model_it_is_pointed_at_as_it_is():
+    embed = ModelTypeConfig(name="ServiceAi-Embed", model="tiny-embed", task="embed")
+    running = embed.as_run({"SERVICEAI_MODEL_EMBED": "acme/any-embedder"})
+    assert (running.model, running.task) == ("acme/any-embedder", "embed")
