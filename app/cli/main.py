@@ -99,7 +99,7 @@ def run(
                     "local",
                     str(config),
                 ],
-                {**os.environ, **runtime},
+                {**_public_base_url(host, port), **os.environ, **runtime},
                 runtime_dir,
                 stop_grace_s,
                 typer.echo,
@@ -136,6 +136,13 @@ async def _first_start_key(store: KeyStore) -> tuple[str | None, str]:
     except UserNotFound:
         return None, "<your email>"
     return None, LOCAL_USER
+
+
+def _public_base_url(host: str, port: int) -> dict[str, str]:
+    """The console's quick-start names the address this run listens on, unless
+    SERVICEAI_PUBLIC_BASE_URL says otherwise."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return {"SERVICEAI_PUBLIC_BASE_URL": f"http://{shown}:{port}/v1"}
 
 
 def _wait_ready(origin: str, serve: ServeRun, timeout_s: float) -> bool:

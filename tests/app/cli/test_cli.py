@@ -414,3 +414,14 @@ def test_adapters_are_registered_listed_and_removed(serviceai, monkeypatch):
     assert [(a["id"], a["path"]) for a in listed["data"]] == [("T:beta", "/models/beta")]
     assert serviceai("adapters", "remove", "T:beta")[0] == 0
     assert serviceai("adapters", "remove", "T:beta")[0] == EXIT_REFUSED
+
+
+def test_the_console_names_the_address_a_run_listens_on():
+    from app.cli.main import _public_base_url
+
+    assert _public_base_url("127.0.0.1", 9000) == {
+        "SERVICEAI_PUBLIC_BASE_URL": "http://127.0.0.1:9000/v1"
+    }
+    assert _public_base_url("0.0.0.0", 8000)["SERVICEAI_PUBLIC_BASE_URL"] == (
+        "http://127.0.0.1:8000/v1"
+    )

@@ -124,6 +124,7 @@ async def test_the_quick_start_names_the_public_base_url_and_plan(browser):
     keys = await browser.get("/keys")
     assert 'base_url="http://127.0.0.1:8123/v1"' in keys.text
     assert 'os.environ["SERVICEAI_API_KEY"]' in keys.text
+    assert "export OPENAI_BASE_URL=http://127.0.0.1:8123/v1 OPENAI_API_KEY=" in keys.text
     plan = await browser.get("/plan")
     assert 'Plan: <span class="plan">free</span>' in plan.text
 
