@@ -54,6 +54,7 @@ cluster-down:
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # The fast tier: no Ray, no engine (a few minutes); `make test` runs it too, with the real stack.
 test-fast: install

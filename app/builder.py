@@ -19,7 +19,7 @@ from deployments.model_type import ModelTypeConfig
 def build_app(args: dict[str, Any]) -> Application:
     """The ingress application. A bad config fails here, naming the field."""
     config = ServiceConfig.model_validate(args)
-    ingress = Ingress.options(**config.ingress_options())
+    ingress = Ingress.options(**config.ingress_options())  # type: ignore[attr-defined]
     if not config.deploys_model_types():
         return ingress.bind(config, None)
     for model_type in config.model_types:

@@ -38,7 +38,7 @@ MODEL_APP_WAIT_S = 300.0
 @serve.deployment
 @serve.ingress()
 class Ingress:
-    async def __init__(
+    async def __init__(  # type: ignore[misc]  # Serve awaits an async constructor
         self, config: ServiceConfig, models: dict[str, DeploymentHandle] | None
     ) -> None:
         collect_less_often()

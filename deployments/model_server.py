@@ -36,7 +36,7 @@ class ModelServer:
     Options come from `ModelTypeConfig.serve_options`; the served model name is the type's.
     """
 
-    async def __init__(self, config: ModelTypeConfig) -> None:
+    async def __init__(self, config: ModelTypeConfig) -> None:  # type: ignore[misc]  # Serve awaits it
         collect_less_often()
         ray_internals.check()
         self._replica = serve.get_replica_context().replica_id.unique_id
@@ -177,7 +177,7 @@ def engine_options(config: ModelTypeConfig) -> dict[str, Any]:
 
 def build_model_app(config: ModelTypeConfig) -> Application:
     """Bind the model deployment of one model type with its Serve options."""
-    return ModelServer.options(**config.serve_options()).bind(config)
+    return ModelServer.options(**config.serve_options()).bind(config)  # type: ignore[attr-defined]
 
 
 @serve.deployment(
@@ -197,7 +197,7 @@ class ModelTypeApp:
 
 def build_model_type_app(config: ModelTypeConfig) -> Application:
     """One model type as an application of its own (serve_config.production.yaml)."""
-    return ModelTypeApp.bind(build_model_app(config))
+    return ModelTypeApp.bind(build_model_app(config))  # type: ignore[attr-defined]
 
 
 def ensure_local_model(config: ModelTypeConfig) -> Path | None:

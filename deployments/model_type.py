@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -77,6 +78,9 @@ DEPLOYMENT_ONLY = frozenset(
 """A type's fields that only a deployment of its own honours: refused with `in_ingress`."""
 
 
+ToolStrictLevel = Literal["auto", "function", "parameter"]
+"""How strictly vLLM holds an automatic tool call to its schema."""
+
 ENGINE_DEFAULTS: dict[str, Any] = {
     # Repeated prefixes (system prompts, agent turns) skip prefill: usage reports cached_tokens.
     "enable_prefix_caching": True,
@@ -147,7 +151,7 @@ class ModelTypeConfig(BaseModel):
         "an automatic tool choice is refused (400, param tool_choice) on every API; a forced "
         "one ('required', a named function) is served as JSON constrained to the schema.",
     )
-    tool_strict_level: Literal["auto", "function", "parameter"] = Field(
+    tool_strict_level: ToolStrictLevel = Field(
         "parameter",
         description="vLLM's constraint on tool calls: 'parameter' makes every call's arguments "
         "match its function's schema (as if each tool were strict), 'auto' only for strict tools.",
@@ -231,7 +235,7 @@ class ModelTypeConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _catalog_defaults(cls, data: Any) -> Any:
-        known = LOGICAL_MODEL_TYPES.get(data.get("name")) if isinstance(data, dict) else None
+        known = LOGICAL_MODEL_TYPES.get(str(data.get("name"))) if isinstance(data, dict) else None
         if known is None:
             return data
         return {"description": known.description, "model_env": known.model_env, **data}
@@ -330,14 +334,14 @@ class ModelTypeConfig(BaseModel):
         """Each adapter's path by the name clients call it (`Type:name`)."""
         return {f"{self.name}:{adapter.name}": adapter.path for adapter in self.adapters}
 
-    def resolved_model(self, environ: dict[str, str] | None = None) -> str:
+    def resolved_model(self, environ: Mapping[str, str] | None = None) -> str:
         """The concrete model: the override from `model_env` if set, else `model`."""
-        environ = os.environ if environ is None else environ
-        if self.model_env and environ.get(self.model_env):
-            return environ[self.model_env]
+        found = (os.environ if environ is None else environ).get(self.model_env or "")
+        if self.model_env and found:
+            return found
         return self.model
 
-    def as_run(self, environ: dict[str, str] | None = None) -> ModelTypeConfig:
+    def as_run(self, environ: Mapping[str, str] | None = None) -> ModelTypeConfig:
         """The type as its engine runs it: where `model_env` names another model, that model
         with its family's parsers (deployments.model_families), never those configured for the
         model it replaces; a family unknown there is refused, naming what to set instead."""
@@ -383,7 +387,8 @@ class ModelTypeConfig(BaseModel):
             "max_surge_percent": self.max_surge_percent,
             "ray_actor_options": actor_options,
             "request_router_config": RequestRouterConfig(
-                request_router_class=REQUEST_ROUTER,
+                # Ray's field takes the class's import path (it imports it in each router).
+                request_router_class=REQUEST_ROUTER,  # type: ignore[arg-type]
                 request_router_kwargs={
                     "model_type": self.name,
                     "prefix_affinity": self.prefix_affinity,

@@ -258,7 +258,7 @@ class ServiceRouter(RequestRouter):
     """Prefix affinity, else the conversation's home, bounded by load; the power of two choices
     for the rest; feeds pinned."""
 
-    def initialize_state(
+    def initialize_state(  # type: ignore[override]  # Ray passes request_router_kwargs by name
         self, model_type: str = "", prefix_affinity: bool = True, max_imbalance: int = MAX_IMBALANCE
     ) -> None:
         self._model_type = model_type
@@ -382,8 +382,8 @@ class ServiceRouter(RequestRouter):
         cache = self.replica_queue_len_cache
         loads = {}
         for engine, replicas in members.items():
-            known = [cache.get(r.replica_id) for r in replicas]
-            known = [queue_len for queue_len in known if queue_len is not None]
+            lengths = (cache.get(r.replica_id) for r in replicas)
+            known = [queue_len for queue_len in lengths if queue_len is not None]
             if known:
                 loads[engine] = sum(known)
         return loads

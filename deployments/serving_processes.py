@@ -116,7 +116,7 @@ class Gang:
         self.id: str = context.gang_id
         self.rank: int = context.rank
         self.size: int = context.world_size
-        self._meeting = Meeting.options(
+        self._meeting = Meeting.options(  # type: ignore[attr-defined]  # a Ray actor class
             name=f"gang-{context.gang_id}", namespace=MEETING_NAMESPACE, get_if_exists=True
         ).remote(self.size)
         self.members: list[Member] = []

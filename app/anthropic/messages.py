@@ -95,11 +95,11 @@ class MessagesRequest(BaseModel):
         """The messages with clear_thinking applied: thinking blocks only in the last `keep`
         assistant turns that have any (Anthropic's default keep: one turn)."""
         edits = (self.context_management or {}).get("edits") or []
-        kept = min((_thinking_turns_kept(edit) for edit in edits), default=None)
-        if kept is None:
+        kept = min((_thinking_turns_kept(edit) or 0 for edit in edits), default=None)
+        if not kept:
             return self.messages
         thinking_turns = [i for i, m in enumerate(self.messages) if _has_thinking(m)]
-        cleared = set(thinking_turns[: max(len(thinking_turns) - kept, 0)])
+        cleared = set(thinking_turns[: int(max(len(thinking_turns) - kept, 0))])
         return [
             {**m, "content": [b for b in m["content"] if not _is_thinking(b)]}
             if i in cleared
@@ -120,7 +120,8 @@ class MessagesRequest(BaseModel):
     @property
     def thinks(self) -> bool:
         """The request asks the model to reason before it answers."""
-        return bool(self.thinking) and self.thinking.get("type") != "disabled"
+        thinking = self.thinking or {}
+        return bool(thinking) and thinking.get("type") != "disabled"
 
     @property
     def effort(self) -> str | None:

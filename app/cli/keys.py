@@ -133,7 +133,7 @@ def create_key(
     as_json: bool = JsonOption,
 ) -> None:
     """Create a key, scoped if asked, and print it once (the store keeps only its hash)."""
-    limits = dict(
+    limits: dict[str, int | None] = dict(
         requests_per_minute=requests_per_minute,
         tokens_per_minute=tokens_per_minute,
         concurrent_requests=concurrent_requests,

@@ -307,14 +307,20 @@ class ServeRun:
             ("sending it SIGTERM", lambda pid: os.kill(pid, signal.SIGTERM), TERM_GRACE_S),
             ("killing its process group", lambda pid: os.killpg(pid, signal.SIGKILL), TERM_GRACE_S),
         ]
-        asked_at = next_step_at = None
+        asked_at: float | None = None
+        next_step_at: float | None = None
         while self.process.poll() is None:
             now = time.monotonic()
             if self.stop_requested_by is not None and asked_at is None:
                 self.echo(f"Stopping ServiceAi ({self.stop_requested_by}) ...")
                 self.process.send_signal(signal.SIGINT)
                 asked_at, next_step_at = now, now + self.stop_grace_s
-            elif next_step_at is not None and now > next_step_at and escalations:
+            elif (
+                asked_at is not None
+                and next_step_at is not None
+                and now > next_step_at
+                and escalations
+            ):
                 what, send, wait_s = escalations.pop(0)
                 self.echo(f"serve run has not stopped {now - asked_at:.0f} s after SIGINT: {what}.")
                 with contextlib.suppress(ProcessLookupError):

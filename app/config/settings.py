@@ -245,7 +245,7 @@ class Settings(BaseSettings):
     def _long_enough(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         if value is not None and not value.get_secret_value():
             return None
-        minimum = _MIN_SECRET_LENGTHS[info.field_name]
+        minimum = _MIN_SECRET_LENGTHS[str(info.field_name)]
         if value is not None and len(value.get_secret_value()) < minimum:
             raise ValueError(
                 f"must be at least {minimum} characters "

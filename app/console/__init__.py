@@ -22,7 +22,7 @@ from app.console import operator_pages, pages
 from app.console.client_address import ClientAddress
 from app.console.session import CsrfRejected, SignInRequired
 from app.console.sign_in_limit import SignInLimit
-from app.openai.errors import request_id_of
+from app.openai.errors import handle, request_id_of
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -137,11 +137,11 @@ def _install_error_pages(console: FastAPI) -> None:
             f"request id {request_id}.",
         )
 
-    console.add_exception_handler(SignInRequired, sign_in)
-    console.add_exception_handler(CsrfRejected, csrf)
-    console.add_exception_handler(KeyStoreError, store)
-    console.add_exception_handler(StarletteHTTPException, http)
-    console.add_exception_handler(Exception, unexpected)
+    handle(console, SignInRequired, sign_in)
+    handle(console, CsrfRejected, csrf)
+    handle(console, KeyStoreError, store)
+    handle(console, StarletteHTTPException, http)
+    handle(console, Exception, unexpected)
 
 
 def _error(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,10 +30,12 @@ from app.limits.admission import RateLimits
 from app.limits.usage_meter import UsageMeter
 from app.observability.metrics import InFlight
 from app.observability.request_record import ObservedRequests
-from app.openai.errors import api_path, install_error_handlers, validation_error
+from app.openai.errors import api_path, handle, install_error_handlers, validation_error
 from app.serving.adapters import RegisteredAdapters
 from app.serving.dispatch import ModelEndpoints
 from app.version import VERSION
+
+_NO_DOCS: dict[str, Any] = {"docs_url": None, "redoc_url": None, "openapi_url": None}
 
 
 def create_api(
@@ -57,7 +60,7 @@ def create_api(
         title="ServiceAi",
         summary="OpenAI-compatible chat completions over logical model types.",
         version=VERSION,
-        **({} if api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}),
+        **({} if api_docs else _NO_DOCS),
     )
     api.state.models = models
     api.state.keys = keys
@@ -68,8 +71,8 @@ def create_api(
     api.state.adapters = adapters or RegisteredAdapters(keys.store)
     api.state.migration_attempts = migration_attempts
     install_error_handlers(api)
-    api.add_exception_handler(KeyStoreError, _store_error)
-    api.add_exception_handler(RequestValidationError, _refused_body)
+    handle(api, KeyStoreError, _store_error)
+    handle(api, RequestValidationError, _refused_body)
     # A stranger's body is never read; a caller's is read within a deadline and a size cap.
     api.add_middleware(AuthenticateFirst, verifier=keys)
     install_cors(api, cors_origins)

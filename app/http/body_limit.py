@@ -135,8 +135,12 @@ class BodyLimit:
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s
         self._refusals = {
-            (413, anthropic): too_large_body(max_body_bytes, anthropic) for anthropic in (0, 1)
-        } | {(408, anthropic): too_slow_body(read_timeout_s, anthropic) for anthropic in (0, 1)}
+            (413, anthropic): too_large_body(max_body_bytes, anthropic)
+            for anthropic in (False, True)
+        } | {
+            (408, anthropic): too_slow_body(read_timeout_s, anthropic)
+            for anthropic in (False, True)
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -178,7 +182,7 @@ class BodyLimit:
 
     async def _refuse(self, send: Send, body: RequestBody, status: int) -> None:
         path = body.scope.get("path", "").removeprefix(body.scope.get("root_path", ""))
-        refusal = self._refusals[status, int(envelope.speaks_anthropic(path))]
+        refusal = self._refusals[status, envelope.speaks_anthropic(path)]
         await send(
             {
                 "type": "http.response.start",

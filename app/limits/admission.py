@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from limits import RateLimitItemPerDay, RateLimitItemPerMinute
 
@@ -270,7 +271,7 @@ class RateLimits:
                 )
             except BaseException as exc:
                 self.release(holds, 0)
-                if isinstance(exc, ApiError):
+                if isinstance(exc, ApiError) or not isinstance(exc, Exception):
                     raise
                 return self._storage_failed(exc)
             holds.append(key_hold)
@@ -294,7 +295,7 @@ class RateLimits:
         hold = Hold(keys, lease, seen.reserved, seen.tokens_reset)
         return hold, windows_headers(keys, seen, now)
 
-    def release(self, holds: list[Hold], tokens: int) -> asyncio.Future[None]:
+    def release(self, holds: list[Hold], tokens: int) -> asyncio.Future[Any]:
         """Settle each hold with the tokens the reply used (off the response path); done when
         every hold is written (failures are logged, not raised)."""
         now = time.time()

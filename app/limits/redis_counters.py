@@ -205,7 +205,8 @@ class RedisCounters:
     async def count_request(self, keys: CounterKeys, requests: int = 1) -> None:
         name = self._key(keys.requests_key())
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.incrby(name, requests).expire(name, keys.requests.get_expiry(), nx=True)
+            pipe.incrby(name, requests)
+            pipe.expire(name, keys.requests.get_expiry(), nx=True)
             await pipe.execute()
 
     async def requests_used(self, keys: CounterKeys) -> int:
@@ -222,13 +223,15 @@ class RedisCounters:
         async with self._redis.pipeline(transaction=False) as pipe:
             for key, lease in leases:
                 name = self._key(key)
-                pipe.zadd(name, {lease: expiry}, xx=True).expire(name, math.ceil(self.ttl_s) + 1)
+                pipe.zadd(name, {lease: expiry}, xx=True)
+                pipe.expire(name, math.ceil(self.ttl_s) + 1)
             await pipe.execute()
 
     async def in_flight(self, key: str) -> int:
         name = self._key(key)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.zremrangebyscore(name, "-inf", self._clock()).zcard(name)
+            pipe.zremrangebyscore(name, "-inf", self._clock())
+            pipe.zcard(name)
             return int((await pipe.execute())[1])
 
     async def clear(self) -> None:

@@ -42,8 +42,11 @@ concurrency slot is free."""
 class Counted(Protocol):
     """What the engine processed for a request so far: a reply's part, or its failure."""
 
-    prompt_tokens: int
-    completion_tokens: int
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
 
 
 class Ticket:

@@ -51,12 +51,17 @@ class RequestRecord:
         self.in_flight.waiting[model_type] += 1
         self._waiting = True
 
+    @property
+    def _sent_to(self) -> str:
+        """The model type a request counted in flight went to (set by `sent_to`)."""
+        return self.model_type or ""
+
     def first_token(self) -> None:
         """A stream's first token arrived (events before it, such as a Responses stream's
         `response.created`, do not count)."""
         self.first_token_at = time.perf_counter()
         self._stop_waiting()
-        self.in_flight.streaming[self.model_type] += 1
+        self.in_flight.streaming[self._sent_to] += 1
         self._streaming = True
 
     def completed(self, prompt_tokens: int, completion_tokens: int) -> None:
@@ -83,12 +88,12 @@ class RequestRecord:
         """Leave the in-flight counts, whatever point the request reached."""
         self._stop_waiting()
         if self._streaming:
-            self.in_flight.streaming[self.model_type] -= 1
+            self.in_flight.streaming[self._sent_to] -= 1
             self._streaming = False
 
     def _stop_waiting(self) -> None:
         if self._waiting:
-            self.in_flight.waiting[self.model_type] -= 1
+            self.in_flight.waiting[self._sent_to] -= 1
             self._waiting = False
 
 

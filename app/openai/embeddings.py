@@ -84,7 +84,7 @@ class EmbeddingRequest(BaseModel):
         if isinstance(value, str):
             return [value]
         if value and isinstance(value[0], int):
-            return [value]  # type: ignore[list-item]
+            return [value]
         return value  # type: ignore[return-value]
 
     def to_engine(self) -> dict[str, Any]:

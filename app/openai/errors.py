@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ExceptionHandler
 
 from app.anthropic import envelope
 from app.observability import request_id
+
+E = TypeVar("E", bound=Exception)
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -168,8 +172,13 @@ def api_path(request: Request) -> str:
     return request.scope["path"].removeprefix(request.scope.get("root_path", ""))
 
 
+def handle(app: Starlette, exception: type[E], handler: Callable[[Request, E], Any]) -> None:
+    """`handler` answers `exception` (Starlette types every handler as taking any Exception)."""
+    app.add_exception_handler(exception, cast(ExceptionHandler, handler))
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, lambda request, exc: exc.response(api_path(request)))
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected_error)
+    handle(app, ApiError, lambda request, exc: exc.response(api_path(request)))
+    handle(app, RequestValidationError, validation_error)
+    handle(app, StarletteHTTPException, _http_error)
+    handle(app, Exception, _unexpected_error)

@@ -62,6 +62,7 @@ class RelayedCall:
 
 class ChatCall(RelayedCall):
     api = "chat"
+    body: ChatCompletionRequest
 
     def __init__(self, body: ChatCompletionRequest) -> None:
         super().__init__(body)
@@ -77,6 +78,7 @@ class ChatCall(RelayedCall):
 
 class CompletionCall(RelayedCall):
     api = "completion"
+    body: CompletionRequest
 
     def __init__(self, body: CompletionRequest) -> None:
         super().__init__(body)

@@ -23,8 +23,9 @@ _TOOL_CHOICES = {None: None, "auto": "auto", "none": "none", "any": "required", 
 
 class MessagesCall(RelayedCall):
     api = "messages"
-    keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'
+    keepalive: bytes | None = b'event: ping\ndata: {"type": "ping"}\n\n'
     """Anthropic's stream sends `ping` while it waits; its SDKs skip it."""
+    body: MessagesRequest
 
     def __init__(self, body: MessagesRequest) -> None:
         super().__init__(body)

@@ -83,7 +83,7 @@ class InputSize(NamedTuple):
     """An embedding request's inputs: how many, and their tokens (all, and the longest input),
     `exact` for token ids, else at most that many."""
 
-    count: int
+    inputs: int
     tokens: int
     longest: int
     exact: bool
@@ -142,12 +142,12 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
         return Response(body, media_type="application/json", headers=ticket.headers)
     tally = Tally(first, meter, record)
     resume = migration.resume_of(call.api, payload, model)
-    parts = migration.ContinuedStream(endpoint, call.api, first, parts, meter, attempts, resume)
+    stream = migration.ContinuedStream(endpoint, call.api, first, parts, meter, attempts, resume)
     return EventStream(
-        _relay(call, endpoint, parts, tally),
+        _relay(call, endpoint, stream, tally),
         media_type="text/event-stream",
         headers={**SSE_HEADERS, **ticket.headers},
-        on_close=tally.on_close(parts),
+        on_close=tally.on_close(stream),
     )
 
 
@@ -296,10 +296,10 @@ async def check_inputs(
     moves. Texts whose tokens may pass a bound are measured by the replica's tokenizer (as
     `check_prompt_length` measures a prompt), which also refuses an input beyond the context."""
     bounds = limits.plan_limits(caller.plan).on(endpoint.name)
-    if size.count > bounds.inputs_per_request:
+    if size.inputs > bounds.inputs_per_request:
         raise ApiError(
             400,
-            f"input has {size.count} inputs; your plan allows {bounds.inputs_per_request} in "
+            f"input has {size.inputs} inputs; your plan allows {bounds.inputs_per_request} in "
             f"one request to {endpoint.name}. Send them in several requests.",
             param="input",
             code="too_many_inputs",

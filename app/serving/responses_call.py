@@ -22,15 +22,15 @@ from app.limits.structure_bounds import check_structures, marked
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.openai.responses import ResponseCreateRequest, new_response_id
-from app.serving.pipeline import check_reasoning, check_tools
+from app.serving.pipeline import InputSize, check_reasoning, check_tools
 from deployments.wire import ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")
 
 
 class ResponsesCall:
-    keepalive = None  # OpenAI's streams send no keep-alive event
-    inputs = None
+    keepalive: bytes | None = None  # OpenAI's streams send no keep-alive event
+    inputs: InputSize | None = None
     api = "responses"
 
     def __init__(self, body: ResponseCreateRequest, caller: Caller, store: ResponseStore) -> None:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import zlib
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -89,8 +89,8 @@ class RuntimeAdapters:
             logger.info("Loaded LoRA adapter %s from %s", name, path)
 
     async def loaded_first(
-        self, name: str, path: str, parts: AsyncIterator[ReplyPart]
-    ) -> AsyncIterator[ReplyPart]:
+        self, name: str, path: str, parts: AsyncGenerator[ReplyPart, None]
+    ) -> AsyncGenerator[ReplyPart, None]:
         """`parts` of a request for adapter `name`, once the adapter is held."""
         async with aclosing(parts):
             await self.load(name, path)

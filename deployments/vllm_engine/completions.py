@@ -9,10 +9,10 @@ stream's error events turned into raised errors.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -44,6 +44,7 @@ _DONE_EVENT = "data: [DONE]\n\n"
 class _SseApi:
     """What chat and completions share: the serving layer's SSE strings as events."""
 
+    request_type: type[BaseModel]
     prompt_param: str
 
     def __init__(self, serving: Any) -> None:
@@ -56,7 +57,7 @@ class _SseApi:
         forced = is_forced(getattr(request, "tool_choice", None))
         for choice in getattr(result, "choices", ()):
             message = getattr(choice, "message", None)
-            if forced and choice.finish_reason == "length" and message.tool_calls:
+            if forced and choice.finish_reason == "length" and message and message.tool_calls:
                 # A forced call cut short is no call (vLLM drops a cut `required` one, not a
                 # named one): OpenAI's reply, and what vLLM's own tests expect.
                 message.tool_calls, message.content = [], ""
@@ -67,7 +68,9 @@ class _SseApi:
     def schema_param(self, body: dict[str, Any]) -> str:
         return "response_format" if body.get("response_format") else "tools"
 
-    async def events(self, stream: AsyncIterator[str], request: Any) -> AsyncIterator[Event]:
+    async def events(
+        self, stream: AsyncGenerator[str, None], request: Any
+    ) -> AsyncGenerator[Event, None]:
         """vLLM reports a failure inside a stream as an error event: raised here as the error
         it is (a refusal of the request, a 4xx, or the engine's failure), for the ingress to
         frame."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
+from vllm.engine.protocol import EngineClient
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -41,6 +42,13 @@ def count_this_request() -> EngineTokens:
     tokens = EngineTokens()
     _counted.set(tokens)
     return tokens
+
+
+def counting_client(
+    engine: AsyncLLM, stream_interval: Callable[[int], int] | None = None
+) -> EngineClient:
+    """`engine` as the serving layer's EngineClient, counting (it forwards the rest as it is)."""
+    return cast(EngineClient, CountingEngineClient(engine, stream_interval))
 
 
 class CountingEngineClient:

@@ -8,7 +8,7 @@ is served: a list of strings or of token ids (the ingress refuses vLLM's chat-sh
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi.responses import Response
@@ -47,7 +47,7 @@ class EmbeddingsApi:
     def body(self, result: Response, request: EmbeddingCompletionRequest) -> bytes:
         return bytes(result.body)
 
-    def events(self, stream: Any, request: Any) -> AsyncIterator[Event]:
+    def events(self, stream: Any, request: Any) -> AsyncGenerator[Event, None]:
         raise TypeError("/v1/embeddings has no stream")
 
     async def prompt_tokens(self, request: EmbeddingCompletionRequest) -> int:

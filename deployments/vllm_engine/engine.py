@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -26,11 +26,12 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
+from deployments.model_type import ToolStrictLevel
 from deployments.priority_gate import PriorityGate
 from deployments.vllm_engine import forced_tool_calls, replies
 from deployments.vllm_engine.adapters import RuntimeAdapters
 from deployments.vllm_engine.completions import ChatApi, CompletionApi
-from deployments.vllm_engine.counting import CountingEngineClient
+from deployments.vllm_engine.counting import counting_client
 from deployments.vllm_engine.embeddings import EmbeddingsApi
 from deployments.vllm_engine.messages import MessagesApi
 from deployments.vllm_engine.replies import ServedApi
@@ -59,7 +60,7 @@ def frontend_args(
     tool_call_parser: str | None,
     reasoning_parser: str | None,
     chat_template: str | None,
-    tool_strict_level: str,
+    tool_strict_level: ToolStrictLevel,
     adapters: dict[str, str] | None = None,
 ) -> argparse.Namespace:
     """The flat namespace vLLM's `init_app_state` reads (as `vllm serve` parses it); each of
@@ -100,7 +101,7 @@ class VllmEngine:
         tool_call_parser: str | None,
         reasoning_parser: str | None,
         parser: str,
-        tool_strict_level: str,
+        tool_strict_level: ToolStrictLevel,
     ) -> None:
         """`tool_call_parser` as configured; `parser`: the one vLLM runs (forced_tool_calls)."""
         self.name = name
@@ -129,7 +130,7 @@ class VllmEngine:
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
         chat_template: str | None = None,
-        tool_strict_level: str = "parameter",
+        tool_strict_level: ToolStrictLevel = "parameter",
         reserved_slots: int | None = None,
         busy_stream_interval: int = 1,
         serving_processes: int = 1,
@@ -176,14 +177,14 @@ class VllmEngine:
         gate = None
         scheduler = engine.vllm_config.scheduler_config
         if scheduler.policy == "priority":
-            share = client.count if client is not None else serving_processes
+            share = client.clients if client is not None else serving_processes
             slots = max(1, scheduler.max_num_seqs // share)
             kept = reserved_slots
             reserved = max(1, slots // 8) if kept is None else -(-kept // share)  # rounded up
             gate = PriorityGate(slots, reserved, busy_stream_interval=busy_stream_interval)
         state = State()
         await init_app_state(
-            CountingEngineClient(engine, gate.stream_interval if gate else None),
+            counting_client(engine, gate.stream_interval if gate else None),
             state,
             namespace,
             supported_tasks=await engine.get_supported_tasks(),
@@ -213,7 +214,7 @@ class VllmEngine:
 
     def serve(
         self, api: str, body: dict[str, Any], *, batched: bool = True
-    ) -> AsyncIterator[ReplyPart]:
+    ) -> AsyncGenerator[ReplyPart, None]:
         """A request of `api` ("chat", "completion", "responses", "messages" or "embeddings"):
         see `replies.serve`; under priority scheduling, once the gate gives it a slot per
         sequence it runs. A registered adapter it names is loaded first, unless held."""
@@ -225,16 +226,17 @@ class VllmEngine:
         return self.gated(api, body, parts)
 
     def gated(
-        self, api: str, body: dict[str, Any], parts: AsyncIterator[ReplyPart]
-    ) -> AsyncIterator[ReplyPart]:
+        self, api: str, body: dict[str, Any], parts: AsyncGenerator[ReplyPart, None]
+    ) -> AsyncGenerator[ReplyPart, None]:
         """`parts` of a request of `api`, once the priority gate (if any) gives it its slots."""
         if self.gate is None:
             return parts
         return self._gated(parts, body.get("priority", 0), sequences(api, body))
 
     async def _gated(
-        self, parts: AsyncIterator[ReplyPart], priority: int, size: int
-    ) -> AsyncIterator[ReplyPart]:
+        self, parts: AsyncGenerator[ReplyPart, None], priority: int, size: int
+    ) -> AsyncGenerator[ReplyPart, None]:
+        assert self.gate is not None  # gated() passes through when there is none
         async with self.gate.slot(priority, size), aclosing(parts):
             async for part in parts:
                 yield part
@@ -327,8 +329,9 @@ def sequences(api: str, body: dict[str, Any]) -> int:
     prompt may be a list of prompts, each a string or a list of token ids), or one per input
     of an embedding request."""
     prompt = body.get({"completion": "prompt", "embeddings": "input"}.get(api, ""))
-    several = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
-    return (body.get("n") or 1) * (len(prompt) if several else 1)
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return (body.get("n") or 1) * len(prompt)
+    return body.get("n") or 1
 
 
 def _for_this_platform(engine_kwargs: dict[str, Any]) -> dict[str, Any]:

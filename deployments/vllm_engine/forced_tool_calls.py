@@ -60,7 +60,7 @@ def install(tool_call_parser: str | None) -> str:
     """Make forced calls take vLLM's JSON path in this process; the tool-call parser to give
     vLLM for a type configured with `tool_call_parser` (FORCED_ONLY for None)."""
     if not getattr(DelegatingParser._apply_structural_tag, "_serviceai", False):
-        DelegatingParser._apply_structural_tag = _structural_tag_for_automatic_calls(
+        DelegatingParser._apply_structural_tag = _structural_tag_for_automatic_calls(  # type: ignore[method-assign]
             DelegatingParser._apply_structural_tag
         )
     if tool_call_parser is None:
@@ -89,7 +89,7 @@ def _structural_tag_for_automatic_calls(apply: Any) -> Any:
             outputs.structural_tag = bounded_whitespace(outputs.structural_tag)
         return request
 
-    apply_structural_tag._serviceai = True
+    apply_structural_tag._serviceai = True  # type: ignore[attr-defined]
     return apply_structural_tag
 
 

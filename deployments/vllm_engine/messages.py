@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from vllm.entrypoints.anthropic.protocol import (
@@ -59,8 +59,8 @@ class MessagesApi:
         return result.model_dump_json(exclude=_VLLM_ONLY, exclude_none=True).encode()
 
     async def events(
-        self, stream: AsyncIterator[str], request: AnthropicMessagesRequest
-    ) -> AsyncIterator[Event]:
+        self, stream: AsyncGenerator[str, None], request: AnthropicMessagesRequest
+    ) -> AsyncGenerator[Event, None]:
         """Anthropic's events as vLLM writes them; its `error` event is raised."""
         omitted = _thinking_omitted(request)
         try:
@@ -89,7 +89,7 @@ def continue_prefills() -> None:
     convert = AnthropicServingMessages.to_chat_completion_request
     if getattr(convert, "_serviceai_prefill", False):
         return
-    convert = convert.__func__
+    convert = convert.__func__  # type: ignore[attr-defined]  # the classmethod's function
 
     @functools.wraps(convert)
     def to_chat_completion_request(cls: type, request: Any, **kwargs: Any) -> Any:
@@ -99,8 +99,10 @@ def continue_prefills() -> None:
             chat.continue_final_message = True
         return chat
 
-    to_chat_completion_request._serviceai_prefill = True
-    AnthropicServingMessages.to_chat_completion_request = classmethod(to_chat_completion_request)
+    to_chat_completion_request._serviceai_prefill = True  # type: ignore[attr-defined]
+    AnthropicServingMessages.to_chat_completion_request = classmethod(  # type: ignore[method-assign,assignment]  # a patch (vllm_internals)
+        to_chat_completion_request
+    )
 
 
 def _thinking_omitted(request: AnthropicMessagesRequest) -> bool:

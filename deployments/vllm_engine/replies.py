@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, NamedTuple, Protocol
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.exceptions import GenerationError as VLLMGenerationError
 from vllm.exceptions import VLLMClientError, VLLMServerError
@@ -56,8 +56,10 @@ class Event(NamedTuple):
 class ServedApi(Protocol):
     """What differs between the APIs a replica serves."""
 
-    request_type: type
-    """vLLM's pydantic model of the request."""
+    @property
+    def request_type(self) -> type[BaseModel]:
+        """vLLM's pydantic model of the request."""
+
     prompt_param: str
     """The field that holds the prompt, as the client names it (vLLM says `input_tokens`)."""
 
@@ -69,7 +71,7 @@ class ServedApi(Protocol):
     def body(self, result: Any, request: Any) -> bytes:
         """A whole result of `request`, encoded as the client gets it."""
 
-    def events(self, stream: Any, request: Any) -> AsyncIterator[Event]:
+    def events(self, stream: Any, request: Any) -> AsyncGenerator[Event, None]:
         """A stream's events, encoded; an error event of vLLM's is raised as its refusal."""
 
     async def prompt_tokens(self, request: Any) -> int | ErrorResponse:
@@ -102,7 +104,7 @@ def parse(api: ServedApi, body: dict[str, Any]) -> Any:
 
 async def serve(
     api: ServedApi, body: dict[str, Any], *, batched: bool = True, grammar: str | None = None
-) -> AsyncIterator[ReplyPart]:
+) -> AsyncGenerator[ReplyPart, None]:
     """The parts of one request of `api`.
 
     A whole reply: its counts so far every PROGRESS_S while the engine works (parts without
@@ -143,8 +145,8 @@ async def serve(
             end = start + MAX_PART_BYTES
             yield ReplyPart(data[start:end], count.prompt, count.completion, end >= len(data))
         return
-    events = api.events(result, request)
-    events = EventBatcher(events) if batched else _one_by_one(events)
+    encoded = api.events(result, request)
+    events = EventBatcher(encoded) if batched else _one_by_one(encoded)
     try:
         async for data, final, last in events:
             yield ReplyPart(data, count.prompt, count.completion, last, final)
@@ -169,7 +171,16 @@ async def prompt_tokens(api: ServedApi, body: dict[str, Any]) -> int:
     return tokens
 
 
-def refusal(response: ErrorResponse, api: ServedApi, body: dict[str, Any]) -> GenerationError:
+class FieldNames(Protocol):
+    """How an API names the fields vLLM's refusals leave unnamed."""
+
+    @property
+    def prompt_param(self) -> str: ...
+
+    def schema_param(self, body: dict[str, Any]) -> str: ...
+
+
+def refusal(response: ErrorResponse, api: FieldNames, body: dict[str, Any]) -> GenerationError:
     """vLLM's error (an HTTP status in `code`) as the error the ingress answers with.
 
     vLLM names the prompt `input_tokens` / `input_text` and no field for a schema its grammar
@@ -247,7 +258,7 @@ def charged(error: GenerationError, count: EngineTokens) -> GenerationError:
     return error
 
 
-async def _one_by_one(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+async def _one_by_one(events: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, None]:
     try:
         async for event in events:
             yield event
@@ -267,7 +278,7 @@ class EventBatcher:
     never a wait. A failure is raised after the events that came before it.
     """
 
-    def __init__(self, events: AsyncIterator[Event]) -> None:
+    def __init__(self, events: AsyncGenerator[Event, None]) -> None:
         self._events = events
         self._buffer: list[Event] = []
         self._failure: GenerationError | None = None

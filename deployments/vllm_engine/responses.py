@@ -11,7 +11,7 @@ it makes say what the gateway does (`_echoed`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from vllm.entrypoints.openai.models.serving import OpenAIServingModels
@@ -22,8 +22,9 @@ from vllm.renderers.inputs.preprocess import extract_prompt_len
 from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from deployments.model_type import ToolStrictLevel
 from deployments.vllm_engine.completions import compact_json
-from deployments.vllm_engine.counting import CountingEngineClient
+from deployments.vllm_engine.counting import counting_client
 from deployments.vllm_engine.forced_tool_calls import is_forced
 from deployments.vllm_engine.replies import Event, stream_error
 
@@ -43,13 +44,13 @@ def build_serving(
     engine: AsyncLLM,
     models: OpenAIServingModels,
     tool_call_parser: str | None,
-    tool_strict_level: str,
+    tool_strict_level: ToolStrictLevel,
     reasoning_parser: str | None,
 ) -> OpenAIServingResponses:
     """vLLM's Responses handler on the replica's engine, its store off, with the serving
     layer's `models` (the adapters it holds); with the type's reasoning parser, a reply's
     reasoning is a reasoning item."""
-    client = CountingEngineClient(engine)
+    client = counting_client(engine)
     renderer = OnlineRenderer(
         model_config=engine.model_config,
         renderer=engine.renderer,
@@ -124,7 +125,9 @@ class ResponsesApi:
         _compact_calls(response)
         _echoed(response, self._echo)
 
-    async def events(self, stream: AsyncIterator[Any], request: Any) -> AsyncIterator[Event]:
+    async def events(
+        self, stream: AsyncGenerator[Any, None], request: Any
+    ) -> AsyncGenerator[Event, None]:
         """OpenAI's stream events, encoded; the terminal one held apart (`final`). vLLM's
         `error` event is raised, for the ingress to frame."""
         try:

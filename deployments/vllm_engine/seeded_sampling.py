@@ -31,7 +31,7 @@ class RewindableGenerator(torch.Generator):
     def get_offset(self) -> int:
         return 0
 
-    def set_offset(self, offset: int) -> None:
+    def set_offset(self, offset: int) -> None:  # type: ignore[override]  # torch's returns self
         self.set_state(self._before_step)
 
 
@@ -72,6 +72,6 @@ def install() -> None:
                 generator.mark()
         return sample(self, *args, **kwargs)
 
-    marked_sample._serviceai_marks = True
-    CachedRequestState.__post_init__ = post_init
-    GPUModelRunner._sample = marked_sample
+    marked_sample._serviceai_marks = True  # type: ignore[attr-defined]
+    CachedRequestState.__post_init__ = post_init  # type: ignore[method-assign]
+    GPUModelRunner._sample = marked_sample  # type: ignore[method-assign]

@@ -33,10 +33,10 @@ from deployments.process_watch import first_to_end
 
 
 class EngineClient(NamedTuple):
-    """Client `index` of `count` of one engine core: the sockets it binds (IPC paths)."""
+    """Client `rank` of `clients` of one engine core: the sockets it binds (IPC paths)."""
 
-    index: int
-    count: int
+    rank: int
+    clients: int
     input_address: str
     output_address: str
 
@@ -100,8 +100,8 @@ def watch_core(engine: AsyncLLM, pids: Sequence[int]) -> None:
 def client_engine(args: AsyncEngineArgs, client: EngineClient, stat_loggers: list[Any]) -> AsyncLLM:
     """A serving process's client of a core another process launched: returns once the core
     answered (it waits for the core's start)."""
-    args._api_process_count = client.count
-    args._api_process_rank = client.index
+    args._api_process_count = client.clients
+    args._api_process_rank = client.rank
     config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
     return connect(args, config, client, stat_loggers)
 
@@ -120,6 +120,6 @@ def connect(
             "input_address": client.input_address,
             "output_address": client.output_address,
         },
-        client_count=client.count,
-        client_index=client.index,
+        client_count=client.clients,
+        client_index=client.rank,
     )

@@ -317,4 +317,4 @@ def wrap_xgrammar_compiler(marker: str, wrap: Callable[[Any], Any]) -> None:
         self.compiler = wrap(self.compiler)
 
     setattr(wrapped_post_init, marker, True)
-    XgrammarBackend.__post_init__ = wrapped_post_init
+    XgrammarBackend.__post_init__ = wrapped_post_init  # type: ignore[method-assign]

@@ -10,9 +10,9 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import event
+from sqlalchemy import CursorResult, Result, event
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import (
@@ -69,6 +69,11 @@ class Database:
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+
+def rowcount(result: Result[Any]) -> int:
+    """Rows an INSERT, UPDATE or DELETE matched (SQLAlchemy types `execute` as any statement's)."""
+    return cast(CursorResult[Any], result).rowcount
 
 
 def create_engine(url: str) -> AsyncEngine:

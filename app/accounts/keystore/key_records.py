@@ -11,7 +11,7 @@ from sqlalchemy import Insert, Select, bindparam, func, insert, literal, or_, se
 
 from app.accounts.keystore import audit, keygen
 from app.accounts.keystore.audit import Actor
-from app.accounts.keystore.database import Database
+from app.accounts.keystore.database import Database, rowcount
 from app.accounts.keystore.errors import KeyLimitReached, KeyNotFound, UserDisabled
 from app.accounts.keystore.rows import find_key, find_user, key_of, now, page
 from app.accounts.keystore.schemas import ApiKey, IssuedApiKey, KeyLimits, KeyScopes, Order, Page
@@ -83,7 +83,7 @@ class KeyRecords:
                 )
             # One statement: SQLite takes its write lock before the count, so it is atomic.
             inserted = await session.execute(_insert_within_limit(row, self.max_keys_per_user))
-            if inserted.rowcount == 1:
+            if rowcount(inserted) == 1:
                 audit.record(
                     session,
                     actor,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import orjson
 from sqlalchemy import delete, func, select, update
 
-from app.accounts.keystore.database import Database
+from app.accounts.keystore.database import Database, rowcount
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.tables import StoredResponseRow
 
@@ -197,7 +197,7 @@ class ResponseStore:
             .values(**values)
         )
         async with self.database.transaction() as session:
-            return (await session.execute(statement)).rowcount > 0
+            return rowcount(await session.execute(statement)) > 0
 
     def _size(self, size: int) -> int:
         if size > self.max_bytes:
@@ -239,7 +239,7 @@ class ResponseStore:
             StoredResponseRow.expires_at > now(),
         )
         async with self.database.transaction() as session:
-            deleted = (await session.execute(statement)).rowcount
+            deleted = rowcount(await session.execute(statement))
         if not deleted:
             raise not_found(response_id, None)
 
@@ -270,7 +270,7 @@ class ResponseStore:
         """Delete every expired response; how many were deleted."""
         statement = delete(StoredResponseRow).where(StoredResponseRow.expires_at <= now())
         async with self.database.transaction() as session:
-            return (await session.execute(statement)).rowcount
+            return rowcount(await session.execute(statement))
 
 
 def not_found(response_id: str, param: str | None) -> ResponseNotFound:

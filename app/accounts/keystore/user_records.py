@@ -167,7 +167,7 @@ class UserRecords:
         matched = await passwords.verify(None if row is None else row.password_hash, password)
         if row is None or not matched:
             raise WrongCredentials("The email or the password is not right.")
-        if passwords.needs_rehash(row.password_hash):
+        if row.password_hash is not None and passwords.needs_rehash(row.password_hash):
             await self.set_password(row.id, password, end_sessions=False)
         return user_of(row)
 

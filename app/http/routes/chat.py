@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Request, Response
 
 from app.accounts.auth import Caller, authenticate
@@ -12,7 +14,9 @@ from app.serving.pipeline import serve
 
 router = APIRouter()
 
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 503)
+}
 
 
 @router.post(
