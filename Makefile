@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install browser node-clients lint run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority bench-embeddings bench-adapters \
+.PHONY: install browser node-clients lint lock-gpu run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority bench-embeddings bench-adapters \
 	lock clean cluster-up cluster-down
 
 install: $(STAMP)
@@ -73,7 +73,7 @@ bench: install
 	$(BIN)/python -m bench.run serving --messages
 
 # The same on a GPU node, on a model of your choice: make bench-gpu MODEL=<path or Hugging Face id>.
-# It does not run `install` (the CPU build): make .venv there with `pip install -e '.[gpu,dev]'`.
+# It does not run `install` (the CPU build): make .venv there with `pip install -c constraints-gpu.txt -e '.[gpu,dev]'`.
 # Both servers share the GPU, each with its part of the memory (ENGINE_ARGS). Offline: bench/gpu/.
 MODEL ?=
 CONCURRENCY ?= 1:32,32:320,128:1024,256:1536
@@ -115,6 +115,11 @@ lock: install
 	@{ sed -n '1,3p' constraints-cpu.txt; { $(BIN)/python -m pip freeze --exclude-editable | grep -v '^serviceai'; \
 	   printf 'torchaudio==2.11.0\ntorchcodec==0.17.0\ntorchvision==0.28.0\n'; } | sort -f; } > constraints-cpu.txt.new
 	@mv constraints-cpu.txt.new constraints-cpu.txt
+
+# Re-pin the GPU build's tree (Linux x86_64, CUDA wheels from PyPI, this machine's pip settings
+# ignored) to the CPU lock's versions wherever vLLM's CUDA build allows them.
+lock-gpu: install
+	$(BIN)/python deploy/lock_gpu.py > constraints-gpu.txt.new && mv constraints-gpu.txt.new constraints-gpu.txt
 
 clean:
 	rm -rf $(VENV) models .pytest_cache
