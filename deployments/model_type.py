@@ -159,6 +159,13 @@ class ModelTypeConfig(BaseModel):
     reasoning_parser: str | None = Field(
         None, description="vLLM's reasoning parser, for models that think before answering."
     )
+    parsers_from_family: bool = Field(
+        False,
+        description="Take the parsers (and the strings around reasoning) from the model's family "
+        "(deployments.model_families) instead of tool_call_parser and reasoning_parser; a model "
+        "of no known family is refused when its engine starts. The Helm chart sets it for a "
+        "type whose values name a model and no parsers.",
+    )
     chat_template: str | None = Field(
         None, description="A chat template (file path or inline Jinja) replacing the model's own."
     )
@@ -344,16 +351,18 @@ class ModelTypeConfig(BaseModel):
     def as_run(self, environ: Mapping[str, str] | None = None) -> ModelTypeConfig:
         """The type as its engine runs it: where `model_env` names another model, that model
         with its family's parsers (deployments.model_families), never those configured for the
-        model it replaces; a family unknown there is refused, naming what to set instead."""
+        model it replaces; the same where `parsers_from_family` asks for them; a family unknown
+        there is refused, naming what to set instead."""
         model = self.resolved_model(environ)
-        if model == self.model:
+        if model == self.model and not self.parsers_from_family:
             return self
         if self.task == "embed":
             return self.model_copy(update={"model": model})
         try:
             parsers = parsers_for(model)
         except UnknownFamily as exc:
-            raise UnknownFamily(f"{self.model_env} names {exc}") from None
+            named_by = f"{self.model_env} names" if model != self.model else f"{self.name}'s model"
+            raise UnknownFamily(f"{named_by} {exc}") from None
         engine_args = {k: v for k, v in self.engine_args.items() if k != "reasoning_config"}
         if parsers.think is not None:
             start, end = parsers.think

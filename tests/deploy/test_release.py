@@ -38,10 +38,11 @@ async def test_the_openapi_document_carries_the_version(store):
         assert (await c.get("/openapi.json")).json()["info"]["version"] == VERSION
 
 
-def test_the_kubernetes_example_deploys_this_version():
-    overlay = PROJECT_ROOT / "deploy/kubernetes/overlays/example/kustomization.yaml"
-    images = yaml.safe_load(overlay.read_text())["images"]
-    assert [image["newTag"] for image in images if image["name"] == "serviceai"] == [VERSION]
+def test_the_helm_chart_and_its_example_deploy_this_version():
+    chart = yaml.safe_load((PROJECT_ROOT / "deploy/kubernetes/serviceai/Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == VERSION  # the image tag by default
+    example = yaml.safe_load((PROJECT_ROOT / "deploy/kubernetes/values/example.yaml").read_text())
+    assert example["image"]["tag"] == VERSION
 
 
 def test_the_changelog_has_an_entry_for_this_version_and_the_license_is_apache():

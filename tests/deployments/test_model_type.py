@@ -285,6 +285,29 @@ def test_a_model_of_an_unknown_family_is_refused_naming_what_to_set():
     assert "tool_call_parser and reasoning_parser" in message
 
 
+def test_a_type_may_take_its_configured_models_parsers_from_the_family():
+    """What the Helm chart renders for a type whose values name a model and no parsers."""
+    pro = ModelTypeConfig(
+        name="ServiceAi-Pro",
+        model="Qwen/Qwen3-32B",
+        model_env=None,
+        tool_call_parser="mistral",
+        parsers_from_family=True,
+    )
+
+    running = pro.as_run({})
+
+    assert (running.model, running.tool_call_parser, running.reasoning_parser) == (
+        "Qwen/Qwen3-32B",
+        "hermes",
+        "qwen3",
+    )
+    assert running.engine_args["reasoning_config"]["reasoning_end_str"] == "</think>"
+    mystery = pro.model_copy(update={"model": "acme/mystery-7b"})
+    with pytest.raises(UnknownFamily, match="^ServiceAi-Pro's model acme/mystery-7b: its"):
+        mystery.as_run({})
+
+
 def test_an_embedding_type_takes_the_model_it_is_pointed_at_as_it_is():
     embed = ModelTypeConfig(name="ServiceAi-Embed", model="tiny-embed", task="embed")
     running = embed.as_run({"SERVICEAI_MODEL_EMBED": "acme/any-embedder"})
