@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # apt-get needs root; elsewhere it goes through sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install browser node-clients lint lock-gpu run test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority bench-embeddings bench-adapters \
+.PHONY: install install-gpu browser node-clients lint lock-gpu run run-cpu run-gpu test test-fast audit soak bench bench-gpu bench-ray-llm bench-gateway bench-affinity bench-priority bench-embeddings bench-adapters \
 	lock clean cluster-up cluster-down
 
 install: $(STAMP)
@@ -34,8 +34,30 @@ $(NODE_CLIENTS)/node_modules/.installed: $(NODE_CLIENTS)/package.json $(NODE_CLI
 	cd $(NODE_CLIENTS) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-run: install
+# On a machine whose nvidia-smi lists a GPU, `make run` serves real models on its GPUs: the GPU
+# build (vLLM's CUDA wheels, locked by constraints-gpu.txt) in a virtual environment of its own,
+# so that neither build is ever installed over the other, and the serve config `serviceai
+# gpu-profile` writes for the GPUs present (serve_config.gpu.yaml; delete it to write it again).
+# Elsewhere, or with `make run BUILD=cpu`, the CPU build serves the tiny model.
+BUILD ?= $(if $(shell command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep '^GPU'),gpu,cpu)
+GPU_VENV := .venv-gpu
+GPU_STAMP := $(GPU_VENV)/.installed
+
+install-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): pyproject.toml constraints-gpu.txt
+	@test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints-gpu.txt -e '.[gpu]'
+	@touch $(GPU_STAMP)
+
+run: run-$(BUILD)
+
+run-cpu: install
 	$(BIN)/serviceai run
+
+run-gpu: install-gpu
+	@test -f serve_config.gpu.yaml || $(GPU_VENV)/bin/serviceai gpu-profile --output serve_config.gpu.yaml
+	$(GPU_VENV)/bin/serviceai run --config serve_config.gpu.yaml
 
 # Throw-away PostgreSQL and Redis where the machine's own do not answer (tests/with_services.sh);
 # the 40 slowest steps are listed, to keep the suite within CI's time.
@@ -122,4 +144,4 @@ lock-gpu: install
 	$(BIN)/python deploy/lock_gpu.py > constraints-gpu.txt.new && mv constraints-gpu.txt.new constraints-gpu.txt
 
 clean:
-	rm -rf $(VENV) models .pytest_cache
+	rm -rf $(VENV) $(GPU_VENV) models .pytest_cache

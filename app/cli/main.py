@@ -7,7 +7,6 @@ import shlex
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import typer
@@ -19,6 +18,7 @@ from app.cli.adapters import adapters
 from app.cli.common import EXIT_CODES, with_store
 from app.cli.gpu_profile import gpu_profile
 from app.cli.keys import keys
+from app.cli.progress import StartProgress, last_lines, readiness
 from app.cli.reports import audit, usage
 from app.cli.serve_process import PortRefused, ServeRun, claim_runtime_dir, clear_port
 from app.cli.users import users
@@ -67,11 +67,16 @@ def run(
         help="After SIGTERM/SIGINT/SIGHUP, how long Serve may take to shut down before "
         "serve run is killed.",
     ),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Print Ray's and Serve's log here instead of to a file."
+    ),
 ) -> None:
     """Start the service with `serve run CONFIG` and say how to call it once it answers.
 
-    On the first start (an empty key store) it creates the user local@localhost and a key,
-    and prints that key once. SIGTERM, SIGINT (Ctrl-C) or SIGHUP stops the service and
+    While it starts it says when each model type is loading and ready; Ray's and Serve's own
+    log goes to a file it names (or here, with --verbose), whose last lines it prints if the
+    start fails. On the first start (an empty key store) it creates the user local@localhost
+    and a key, and prints that key once. SIGTERM, SIGINT (Ctrl-C) or SIGHUP stops the service and
     everything it started (Ray, the engines, HAProxy), however this command was started.
     """
     http = yaml.safe_load(config.read_text()).get("http_options") or {}
@@ -84,10 +89,14 @@ def run(
         with claim_runtime_dir(runtime_dir, port):
             clear_port(runtime_dir, host, port, typer.echo)
             first_key, owner = with_store(_first_start_key)
+            log = None if verbose else runtime_dir / "serve-run.log"
             typer.echo(
-                f"Starting ServiceAi from {config} on {host}:{port} "
-                "(first start takes a minute or two) ..."
+                f"Starting ServiceAi from {config} on {host}:{port}: Ray, then the ingress, "
+                "then each model type's engine (the first start takes a few minutes)."
             )
+            if log is not None:
+                log.write_bytes(b"")
+                typer.echo(f"Ray's and Serve's log: {log} (--verbose prints it here)")
             if (host, port) != (http.get("host"), http.get("port")):
                 config = _with_http_options(config, runtime_dir, host, port)
             # `--address local`: its own Ray cluster, never one found on the machine.
@@ -103,11 +112,14 @@ def run(
                 runtime_dir,
                 stop_grace_s,
                 typer.echo,
+                output=log,
             )
             serve.start()
             try:
                 if _wait_ready(f"http://{host}:{port}", serve, ready_timeout_s):
                     _banner(f"http://{host}:{port}/v1", first_key, owner)
+                elif log is not None and (serve.failed or not serve.running):
+                    _show_log_tail(log)
             finally:
                 code = serve.wait()
     except PortRefused as exc:
@@ -146,24 +158,30 @@ def _public_base_url(host: str, port: int) -> dict[str, str]:
 
 
 def _wait_ready(origin: str, serve: ServeRun, timeout_s: float) -> bool:
-    """True once every model type can serve (GET /ready); False if serve run exits, a stop
-    is asked for, or the time is up (then it asks for a stop itself)."""
+    """True once every model type can serve (GET /ready), saying as each type loads and is
+    ready; False if serve run exits, a stop is asked for, or the time is up (then it asks for
+    a stop itself)."""
     deadline = time.monotonic() + timeout_s
+    progress = StartProgress(typer.echo)
     while serve.running and serve.stop_requested_by is None:
         if time.monotonic() > deadline:
-            typer.echo(
-                f"The service did not answer within {timeout_s:.0f} s; see the log above.", err=True
-            )
+            typer.echo(f"The service was not ready within {timeout_s:.0f} s.", err=True)
             serve.request_stop("not ready in time", failed=True)
             return False
-        try:
-            with urllib.request.urlopen(f"{origin}/ready", timeout=2) as response:
-                if response.status == 200:
-                    return True
-        except OSError:
-            pass
+        ready, states = readiness(origin)
+        progress.seen(states)
+        if ready:
+            return True
         time.sleep(2)
     return False
+
+
+def _show_log_tail(log: Path) -> None:
+    """The end of Ray's and Serve's log, where a failed start says why."""
+    lines = last_lines(log)
+    if lines:
+        typer.echo(f"The last lines of {log}:", err=True)
+        typer.echo("\n".join(f"  {line}" for line in lines), err=True)
 
 
 def _serviceai_command() -> str:

@@ -266,8 +266,12 @@ class ServeRun:
         runtime_dir: Path,
         stop_grace_s: float,
         echo: Callable[[str], None],
+        output: Path | None = None,
     ) -> None:
+        """`output`: the file that `serve run`'s output (Ray's and Serve's logs) is appended
+        to; None: this process's own stdout and stderr."""
         self.command = command
+        self.output = output
         self.env = env
         self.runtime_dir = runtime_dir
         self.stop_grace_s = stop_grace_s
@@ -283,9 +287,19 @@ class ServeRun:
             signal.signal(signum, self._on_signal)
         # Its own process group: a group-wide signal to ours reaches `serve run` only through
         # us, as one orderly stop, not as a simultaneous kill of it and its Ray daemons.
-        self.process = subprocess.Popen(
-            self.command, env=self.env, process_group=0, preexec_fn=_child_setup(os.getpid())
-        )
+        log = None if self.output is None else self.output.open("ab")
+        try:
+            self.process = subprocess.Popen(
+                self.command,
+                env=self.env,
+                process_group=0,
+                preexec_fn=_child_setup(os.getpid()),
+                stdout=log,
+                stderr=None if log is None else subprocess.STDOUT,
+            )
+        finally:
+            if log is not None:
+                log.close()  # the child holds its own copy
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.request_stop(signal.Signals(signum).name)

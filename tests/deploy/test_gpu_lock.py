@@ -4,8 +4,11 @@ otherwise; cluster.yaml's nodes and the Kubernetes image install with it."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import tomllib
+from pathlib import Path
 
 from app.config.settings import PROJECT_ROOT
 
@@ -51,3 +54,39 @@ def test_the_cluster_and_the_image_install_the_locked_tree():
     image = (PROJECT_ROOT / "deploy" / "kubernetes" / "Dockerfile").read_text()
     assert 'pip install --no-cache-dir -c constraints-gpu.txt ".[gpu]"' in image
     assert "constraints-gpu.txt ./" in image
+
+
+def make_run_plan(tmp_path: Path, nvidia_smi: str | None, *args: str) -> str:
+    """What `make run` would do (`make -n -B`), on a machine whose nvidia-smi prints
+    `nvidia_smi` (None: no nvidia-smi at all)."""
+    bin_dir = tmp_path / ("gpu" if nvidia_smi else "no-gpu")
+    bin_dir.mkdir(exist_ok=True)
+    if nvidia_smi is not None:
+        fake = bin_dir / "nvidia-smi"
+        fake.write_text(f"#!/bin/sh\necho '{nvidia_smi}'\n")
+        fake.chmod(0o755)
+    others = [p for p in os.environ["PATH"].split(os.pathsep) if not Path(p, "nvidia-smi").exists()]
+    done = subprocess.run(
+        ["make", "-n", "-B", "run", *args],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PATH": os.pathsep.join([str(bin_dir), *others])},
+        check=True,
+    )
+    return done.stdout
+
+
+def test_make_run_on_a_gpu_machine_serves_its_gpus_from_the_locked_gpu_build(tmp_path):
+    gpu = make_run_plan(tmp_path, "GPU 0: NVIDIA L4 (UUID: GPU-0d4e)")
+    assert ".venv-gpu/bin/python -m pip install" in gpu
+    assert "-c constraints-gpu.txt -e '.[gpu]'" in gpu
+    assert "constraints-cpu.txt" not in gpu and ".venv/" not in gpu  # never the CPU tree
+    assert ".venv-gpu/bin/serviceai gpu-profile --output serve_config.gpu.yaml" in gpu
+    assert gpu.rstrip().endswith(".venv-gpu/bin/serviceai run --config serve_config.gpu.yaml")
+
+    cpu = make_run_plan(tmp_path, None)
+    assert "-c constraints-cpu.txt -e '.[cpu,dev]'" in cpu and ".venv-gpu" not in cpu
+    assert cpu.rstrip().endswith(".venv/bin/serviceai run")
+    forced = make_run_plan(tmp_path, "GPU 0: NVIDIA L4 (UUID: GPU-0d4e)", "BUILD=cpu")
+    assert forced.rstrip().endswith(".venv/bin/serviceai run") and ".venv-gpu" not in forced

@@ -226,6 +226,14 @@ def _kind(process: Process) -> str:
 
 def test_sigterm_to_a_background_job_stops_everything(start):
     service = start(SERVE_CONFIG, background_job=True)
+    # The start told each type's state as a person reads it; Ray's log went to its file.
+    told = service.log.read_text()
+    assert "the service answers; its model types:" in told
+    types = yaml.safe_load(SERVE_CONFIG.read_text())["applications"][0]["args"]["model_types"]
+    for name in (t["name"] for t in types):
+        assert re.search(rf"^ +\d+ s +{name} +ready$", told, re.M), told
+    ray_log = service.runtime_dir / "serve-run.log"
+    assert "Running config file" in ray_log.read_text() and "Running config file" not in told
     os.kill(service.main, signal.SIGTERM)
     assert service.wait_stopped() == 0
     assert "Stopping ServiceAi (SIGTERM)" in service.log.read_text()
