@@ -32,6 +32,7 @@ def node_env(root: Path, http_port: int) -> dict[str, str]:
         "SERVICEAI_ADMIN_TOKEN": secrets.token_urlsafe(32),
         # Production runs several ingress replicas: they must sign console cookies alike.
         "SERVICEAI_SESSION_SECRET": secrets.token_urlsafe(32),
+        "SERVICEAI_SESSION_SECRET_PREVIOUS": "",  # set only while the secret is rotated
         # The nodes' HAProxy, on this machine's loopback, is the proxy in front of the ingress.
         "SERVICEAI_TRUSTED_PROXIES": '["127.0.0.0/8"]',
         "SERVICEAI_PUBLIC_BASE_URL": f"http://127.0.0.1:{http_port}/v1",

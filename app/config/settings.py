@@ -24,6 +24,7 @@ MIN_SESSION_SECRET_LENGTH = 32
 _MIN_SECRET_LENGTHS = {
     "admin_token": MIN_ADMIN_TOKEN_LENGTH,
     "session_secret": MIN_SESSION_SECRET_LENGTH,
+    "session_secret_previous": MIN_SESSION_SECRET_LENGTH,
 }
 
 # The async drivers we ship, and the plain URL schemes an operator may write instead.
@@ -184,6 +185,12 @@ class Settings(BaseSettings):
         "one, so sessions end with the replica and do not carry over to other replicas (set it "
         f"when the ingress has more than one). At least {MIN_SESSION_SECRET_LENGTH} characters.",
     )
+    session_secret_previous: SecretStr | None = Field(
+        None,
+        description="A session secret still accepted, not used to sign: to rotate the secret "
+        "without signing anyone out (docs/operations.md, 'Rotating secrets'). A session it "
+        "signed is signed again with session_secret on the next page.",
+    )
     session_idle_s: int = Field(
         8 * 3600,
         ge=60,
@@ -240,7 +247,7 @@ class Settings(BaseSettings):
             raise ValueError("must be a redis://HOST:PORT/DB or rediss://HOST:PORT/DB URL")
         return value
 
-    @field_validator("admin_token", "session_secret")
+    @field_validator("admin_token", "session_secret", "session_secret_previous")
     @classmethod
     def _long_enough(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         if value is not None and not value.get_secret_value():

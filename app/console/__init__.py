@@ -9,12 +9,17 @@ from __future__ import annotations
 import logging
 import secrets
 from pathlib import Path
+from typing import Literal
 
+import itsdangerous
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from pydantic import SecretStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.accounts.keystore.errors import KeyStoreError
 from app.config.settings import Settings
@@ -54,7 +59,8 @@ def mount_console(api: FastAPI, settings: Settings) -> None:
         settings.sign_in_limit_shared,
     )
     console.add_middleware(
-        SessionMiddleware,
+        RotatingSessionMiddleware,
+        previous_secret=settings.session_secret_previous,
         secret_key=_session_secret(settings),
         session_cookie=SESSION_COOKIE,
         max_age=settings.session_idle_s,
@@ -77,6 +83,48 @@ def mount_console(api: FastAPI, settings: Settings) -> None:
     )
     _install_error_pages(console)
     api.mount(PREFIX, console)
+
+
+class RotatingSessionMiddleware(SessionMiddleware):
+    """Starlette's signed-cookie sessions, also reading a cookie signed with the previous
+    secret (itsdangerous accepts every key of its list and signs with the last); a session so
+    read is signed again with the current secret on that response."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        secret_key: str,
+        previous_secret: SecretStr | None,
+        session_cookie: str,
+        max_age: int,
+        path: str,
+        same_site: Literal["lax", "strict", "none"],
+        https_only: bool,
+    ) -> None:
+        super().__init__(
+            self._signing_again(app),
+            secret_key,
+            session_cookie=session_cookie,
+            max_age=max_age,
+            path=path,
+            same_site=same_site,
+            https_only=https_only,
+        )
+        self.current = self.signer
+        if previous_secret is not None:
+            keys = [previous_secret.get_secret_value(), secret_key]
+            self.signer = itsdangerous.TimestampSigner(keys)
+
+    def _signing_again(self, app: ASGIApp) -> ASGIApp:
+        async def signed_with_the_current_secret(scope: Scope, receive: Receive, send: Send):
+            session = scope.get("session")
+            if session and self.signer is not self.current:
+                cookie = HTTPConnection(scope).cookies.get(self.session_cookie, "")
+                if not self.current.validate(cookie.encode(), max_age=self.max_age):
+                    session.modified = True  # Starlette signs a modified session again
+            await app(scope, receive, send)
+
+        return signed_with_the_current_secret
 
 
 def require_shared_secret(settings: Settings, most_replicas: int) -> None:

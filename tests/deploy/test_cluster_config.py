@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import configparser
 import copy
+import os
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
@@ -12,6 +16,10 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from app.serving.ray_runtime import SERVE_ENV
 from deployments.model_type import ray_accelerator_types
 from rehearsal.cluster import GCS_RECONNECT_S
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAD_SCRIPT = ROOT / "deploy" / "vm" / "ray-head.sh"
+HEAD_UNIT = ROOT / "deploy" / "vm" / "serviceai-ray-head.service"
 
 # What AWS sells under these names (vCPUs, GPUs, and the device name NVML reports for them),
 # from the EC2 instance type pages. Ray derives a node's accelerator_type from the NVML name.
@@ -33,6 +41,14 @@ def worker_types(cluster):
 
 def gpu_types(cluster):
     return {n: t for n, t in worker_types(cluster).items() if t["resources"].get("GPU")}
+
+
+def start_line(cluster, key: str) -> str:
+    """How a node's Ray starts: the worker's start commands, the head's script (which its
+    systemd unit runs)."""
+    if key == "head_start_ray_commands":
+        return HEAD_SCRIPT.read_text()
+    return " ".join(cluster[key])
 
 
 def test_passes_rays_own_validation_as_ray_up_runs_it(cluster):
@@ -115,7 +131,7 @@ def test_every_node_runs_python_3_11_from_one_pinned_installer(cluster):
 
 def test_ray_starts_with_token_auth_and_the_environment_file_everywhere(cluster):
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
-        start = next(c for c in cluster[key] if "ray start" in c)
+        start = start_line(cluster, key)
         assert "RAY_AUTH_MODE=token" in start
         assert "set -a && . ~/serviceai.env && set +a" in start
     assert cluster["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
@@ -141,17 +157,71 @@ def test_gpu_disks_hold_the_weights(cluster, node_type):
 
 def test_ray_starts_with_the_serve_runtime_the_benchmark_measured(cluster):
     for commands in ("head_start_ray_commands", "worker_start_ray_commands"):
-        start = " ".join(cluster[commands])
+        start = start_line(cluster, commands)
         for name, value in SERVE_ENV.items():
             assert f"{name}={value}" in start, (commands, name)
 
 
 def test_the_head_keeps_the_gcs_in_redis_and_workers_wait_for_it(cluster):
     """GCS fault tolerance as the rehearsal runs it (rehearsal/cluster.py, gcs_store_env)."""
-    head = " ".join(cluster["head_start_ray_commands"])
-    assert "RAY_REDIS_ADDRESS=$SERVICEAI_GCS_REDIS_ADDRESS" in head
+    head = start_line(cluster, "head_start_ray_commands")
+    assert 'RAY_REDIS_ADDRESS="$SERVICEAI_GCS_REDIS_ADDRESS"' in head
     assert "RAY_external_storage_namespace=serviceai" in head
     assert '--redis-password="$SERVICEAI_GCS_REDIS_PASSWORD"' in head
     for commands in ("head_start_ray_commands", "worker_start_ray_commands"):
-        start = " ".join(cluster[commands])
+        start = start_line(cluster, commands)
         assert f"RAY_gcs_rpc_server_reconnect_timeout_s={GCS_RECONNECT_S}" in start, commands
+
+
+def test_the_heads_ray_runs_under_a_systemd_unit_that_ray_up_installs(cluster):
+    unit = configparser.ConfigParser(strict=True, interpolation=None)
+    unit.optionxform = str  # systemd's keys are case-sensitive
+    unit.read_string(HEAD_UNIT.read_text())
+    home = f"/home/{cluster['auth']['ssh_user']}"
+    service = unit["Service"]
+    assert service["User"] == cluster["auth"]["ssh_user"]
+    # The release's copy of the script: cluster.yaml mounts the release at ~/serviceai.
+    assert cluster["file_mounts"]["~/serviceai"] == "~/.serviceai/release"
+    assert service["ExecStart"] == f"{home}/serviceai/deploy/vm/ray-head.sh"
+    assert service["ExecStop"] == f"{home}/venv/bin/ray stop"
+    assert (service["Restart"], service["RestartSec"]) == ("always", "5")
+    assert unit["Unit"]["StartLimitIntervalSec"] == "0"  # never gives up
+    assert unit["Install"]["WantedBy"] == "multi-user.target"  # and starts at boot
+    start = " ".join(cluster["head_start_ray_commands"])
+    assert "deploy/vm/serviceai-ray-head.service /etc/systemd/system/" in start
+    assert "systemctl enable --now serviceai-ray-head" in start
+    assert os.access(HEAD_SCRIPT, os.X_OK)
+
+
+@pytest.mark.parametrize("password", ["", "s3cret"])
+def test_the_head_script_starts_ray_in_the_foreground_as_cluster_yaml_says(tmp_path, password):
+    """deploy/vm/ray-head.sh run as the unit runs it, with a `ray` that records how it was
+    called: in the foreground (the unit restarts it when it exits), with the env file's
+    variables, the Serve runtime and the GCS Redis."""
+    home = tmp_path / "home"
+    (home / "venv" / "bin").mkdir(parents=True)
+    record = tmp_path / "ray-called"
+    ray = home / "venv" / "bin" / "ray"
+    ray.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {record}.args\nenv > {record}.env\n')
+    python = home / "venv" / "bin" / "python"
+    python.write_text("#!/bin/bash\necho /opt/haproxy-wrapper/haproxy\n")
+    for tool in (ray, python):
+        tool.chmod(0o755)
+    (home / "serviceai.env").write_text(
+        "SERVICEAI_GCS_REDIS_ADDRESS='gcs.internal:6379'\n"
+        f"SERVICEAI_GCS_REDIS_PASSWORD='{password}'\n"
+        "SERVICEAI_DATABASE_URL='postgresql+asyncpg://u:p@db/serviceai'\n"
+    )
+
+    subprocess.run([HEAD_SCRIPT], env={"HOME": str(home), "PATH": os.environ["PATH"]}, check=True)
+
+    args = Path(f"{record}.args").read_text().split("\n")
+    env = dict(line.split("=", 1) for line in Path(f"{record}.env").read_text().splitlines())
+    assert args[:3] == ["start", "--head", "--block"]
+    assert f"--autoscaling-config={home}/ray_bootstrap_config.yaml" in args
+    assert ("--redis-password=s3cret" in args) == bool(password)
+    assert {k: env[k] for k in SERVE_ENV} == SERVE_ENV
+    assert env["RAY_SERVE_HAPROXY_BINARY_PATH"] == "/opt/haproxy-wrapper/haproxy"
+    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_REDIS_ADDRESS"] == "gcs.internal:6379"
+    assert env["SERVICEAI_DATABASE_URL"] == "postgresql+asyncpg://u:p@db/serviceai"
+    assert env["RAY_gcs_rpc_server_reconnect_timeout_s"] == str(GCS_RECONNECT_S)

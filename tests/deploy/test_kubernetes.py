@@ -251,6 +251,10 @@ def test_secrets_by_name_token_auth_and_the_head_surviving_its_restart(rendered)
     assert renamed["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"] == (
         "10.0.12.7:6379"
     )
+    for group in groups(renamed):  # a rotation's new revision rolls every pod
+        annotations = group["template"]["metadata"]["annotations"]
+        assert annotations == {"serviceai/secrets-revision": "2026-12-01"}
+    assert "annotations" not in groups(service)[0]["template"]["metadata"]
     for container in containers(renamed):
         assert container["envFrom"] == [{"secretRef": {"name": "serviceai-prod-env"}}]
         assert container["image"] == "ghcr.io/acme/serviceai:0.1.0-acme.2"

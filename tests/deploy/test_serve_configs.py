@@ -222,6 +222,7 @@ def test_secrets_come_from_the_environment_only(production):
         "SERVICEAI_REDIS_URL",
         "SERVICEAI_ADMIN_TOKEN",
         "SERVICEAI_SESSION_SECRET",
+        "SERVICEAI_SESSION_SECRET_PREVIOUS",
     }
     assert secrets <= ingress_env.keys()
     # Switches may be written here; every other value comes from the node's environment.

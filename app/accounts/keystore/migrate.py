@@ -3,21 +3,33 @@
 Every ingress replica and every CLI call runs this when it opens the store. On PostgreSQL the
 upgrade runs in one transaction behind an advisory lock, so replicas starting together wait for
 the first one and then find nothing to do. On SQLite (one machine) a file lock does the same.
+
+A store already at a revision this release does not know (a newer release migrated it: a
+rolling upgrade's old replicas, or a rollback) is served as it is: every migration only adds
+(tables, indexes, columns nullable or with a default), so an older release's queries still hold
+(tests/app/accounts/keystore/test_migrations.py checks both; docs/operations.md, "Upgrades").
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.script.revision import ResolutionError
+from alembic.util import CommandError
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+logger = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 HEAD = "head"
@@ -52,7 +64,24 @@ async def _upgrade_locked(engine: AsyncEngine, revision: str) -> None:
 def _run_alembic(connection: Connection, revision: str) -> None:
     config = alembic_config()
     config.attributes["connection"] = connection
+    current = MigrationContext.configure(connection).get_current_revision()
+    scripts = ScriptDirectory.from_config(config)
+    if revision == HEAD and current is not None and not _known(scripts, current):
+        logger.warning(
+            "The key store's schema is at revision %s, newer than this release's %s: "
+            "serving on it unchanged (migrations only add).",
+            current,
+            scripts.get_current_head(),
+        )
+        return
     command.upgrade(config, revision)
+
+
+def _known(scripts: ScriptDirectory, revision: str) -> bool:
+    try:
+        return scripts.get_revision(revision) is not None
+    except (ResolutionError, CommandError):  # Alembic wraps the one in the other
+        return False
 
 
 @asynccontextmanager

@@ -53,6 +53,29 @@ async def test_a_tampered_or_foreign_cookie_is_no_session(browser, new_browser, 
     assert (await other.get("/keys")).status_code == 303
 
 
+async def test_a_rotated_secret_keeps_sessions_signed_with_the_previous_one(new_browser):
+    """Rotation without signing anyone out: the new secret beside the previous one reads a
+    session the previous one signed, and signs it again with the new one; once the previous
+    one is gone, only sessions signed again still hold."""
+    old, new = "o" * 40, "n" * 40
+    before = new_browser(session_secret=old)
+    await before.sign_up("ada@example.com")
+    signed_before = before.client.cookies[SESSION_COOKIE]
+
+    during = new_browser(session_secret=new, session_secret_previous=old)
+    during.client.cookies.set(SESSION_COOKIE, signed_before, domain="127.0.0.1", path="/console")
+    page = await during.get("/keys")
+    assert page.status_code == 200 and "ada@example.com" in page.text
+    signed_again = during.client.cookies[SESSION_COOKIE]
+    assert signed_again != signed_before
+
+    after = new_browser(session_secret=new)
+    for cookie, status in ((signed_again, 200), (signed_before, 303)):
+        after.client.cookies.clear()
+        after.client.cookies.set(SESSION_COOKIE, cookie, domain="127.0.0.1", path="/console")
+        assert (await after.get("/keys")).status_code == status
+
+
 async def test_signing_out_ends_the_session(browser):
     await browser.sign_up("ada@example.com")
     response = await browser.submit("/keys", "/sign-out")

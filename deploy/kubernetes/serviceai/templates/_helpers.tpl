@@ -71,6 +71,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* Every pod's metadata: the labels, and the Secrets' revision that rolls them. */}}
+{{- define "serviceai.podMetadata" -}}
+labels:
+  {{- include "serviceai.labels" . | nindent 2 }}
+{{- with .Values.secretsRevision }}
+annotations:
+  serviceai/secrets-revision: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "serviceai.modelCacheClaim" -}}
 {{ .Values.modelCache.existingClaim | default (printf "%s-model-cache" .Release.Name) }}
 {{- end -}}

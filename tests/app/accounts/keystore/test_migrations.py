@@ -1,6 +1,8 @@
 """The schema is created and upgraded by Alembic when the store opens, on SQLite and PostgreSQL."""
 
+import ast
 import asyncio
+import shutil
 from datetime import UTC, date, datetime
 
 from alembic.autogenerate import compare_metadata
@@ -12,7 +14,7 @@ from app.accounts.auth import Caller, KeyVerifier
 from app.accounts.keystore import Database, KeyStore, keygen, migrate
 from app.accounts.keystore.audit import Actor
 from app.accounts.keystore.tables import Base, UtcDateTime
-from app.accounts.keystore.usage import DailyTotal
+from app.accounts.keystore.usage import DailyTotal, UsageCount, UsageKey
 
 
 async def current_revisions(database: Database) -> list[str]:
@@ -222,3 +224,119 @@ async def test_a_store_before_key_management_keeps_it_for_unscoped_keys_only(dat
         assert keys == {"key_plain": True, "key_models": False, "key_budget": False}
     finally:
         await upgraded.close()
+
+
+NEXT_RELEASE = '''"""What a next release's migration may do: add a table, a nullable column, and a column
+that old inserts leave to its default."""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "9999"
+down_revision = "{head}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table("next_release_things", sa.Column("id", sa.String(32), primary_key=True))
+    op.add_column("api_keys", sa.Column("next_release_note", sa.String(64), nullable=True))
+    op.add_column(
+        "users", sa.Column("next_release_flag", sa.Boolean(), nullable=False, server_default=sa.false())
+    )
+
+
+def downgrade() -> None:
+    pass
+'''
+
+
+async def test_this_release_serves_a_store_that_the_next_release_migrated(
+    database_url: str, tmp_path
+):
+    """A rolling upgrade's old replicas, and a rollback, open and use a store one revision
+    ahead of them: they serve it as it is (migrations only add) instead of failing to start on
+    a revision they cannot find."""
+    from alembic import command
+
+    migrations = tmp_path / "migrations"
+    shutil.copytree(migrate.MIGRATIONS, migrations, ignore=shutil.ignore_patterns("__pycache__"))
+    (migrations / "versions" / "9999_next_release.py").write_text(NEXT_RELEASE.format(head=head()))
+    database = await Database.open(database_url)
+    store = KeyStore(database, max_keys_per_user=5)
+    ada = await store.create_user("ada@example.com")
+    before = await store.create_key(ada.id, "before")
+
+    def next_release_upgrade(connection) -> None:
+        config = migrate.alembic_config()
+        config.set_main_option("script_location", str(migrations))
+        config.attributes["connection"] = connection
+        command.upgrade(config, "9999")
+
+    async with database.engine.begin() as connection:
+        await connection.run_sync(next_release_upgrade)
+    await database.close()
+
+    reopened = await Database.open(database_url)  # this release's upgrade: leaves it alone
+    try:
+        assert await current_revisions(reopened) == ["9999"]
+        store = KeyStore(reopened, max_keys_per_user=5)
+        verifier = KeyVerifier(store)
+        after = await store.create_key(ada.id, "after")
+        grace = await store.create_user("grace@example.com")
+        for key in (before, after):
+            assert (await verifier.verify(key.key)).user_id == ada.id
+        await store.record_usage(
+            {UsageKey(after.id, "ServiceAi-Fast", date.today()): UsageCount(1, 10, 5)}
+        )
+        assert (await store.usage(user=ada.id)).data[0].prompt_tokens == 10
+        await store.revoke_key(before.id)
+        assert [k.id for k in (await store.list_keys(ada.id)).data if k.revoked_at is None] == [
+            after.id
+        ]
+        assert (await store.get_user(grace.email)).id == grace.id
+    finally:
+        await reopened.close()
+
+
+ADDING = {"create_table", "create_index", "add_column", "batch_alter_table", "execute"}
+"""What a migration's upgrade() may call on `op` (or a batch of it): an older release, whose
+replicas still serve while the first new one migrates (and after a rollback), knows nothing
+of what was added and relies on everything it had. A change that removes or renames is split
+in two releases: the next one stops using the thing, the one after drops it (listed below)."""
+SCHEMA_OPERATIONS = ADDING | {
+    "drop_table",
+    "drop_column",
+    "alter_column",
+    "rename_table",
+    "drop_index",
+    "drop_constraint",
+    "create_unique_constraint",
+    "create_check_constraint",
+    "create_foreign_key",
+    "create_primary_key",
+}
+CONTRACTING_REVISIONS: dict[str, str] = {}
+"""Revisions allowed to remove or rename, each with the release that stopped using it."""
+
+
+def test_every_migration_only_adds():
+    for path in sorted((migrate.MIGRATIONS / "versions").glob("0*.py")):
+        tree = ast.parse(path.read_text())
+        [upgrade] = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "upgrade"]
+        revision = path.name.split("_")[0]
+        for call in (n for n in ast.walk(upgrade) if isinstance(n, ast.Call)):
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else ""
+            if name in SCHEMA_OPERATIONS:  # on `op` or on a batch of it
+                assert name in ADDING or revision in CONTRACTING_REVISIONS, (
+                    f"{path.name}: {name} removes or changes what an older release uses"
+                )
+            if name == "add_column":
+                column = next(a for a in call.args if isinstance(a, ast.Call))
+                keywords = {k.arg: k.value for k in column.keywords}
+                nullable = keywords.get("nullable")
+                not_null = isinstance(nullable, ast.Constant) and nullable.value is False
+                assert not not_null or "server_default" in keywords, (
+                    f"{path.name}: a NOT NULL column without a server default breaks an older "
+                    "release's inserts"
+                )
