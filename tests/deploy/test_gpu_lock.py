@@ -71,7 +71,8 @@ def make_run_plan(tmp_path: Path, nvidia_smi: str | None, *args: str) -> str:
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
-        env=os.environ | {"PATH": os.pathsep.join([str(bin_dir), *others])},
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHON", "BUILD", "MAKEFLAGS")}
+        | {"PATH": os.pathsep.join([str(bin_dir), *others])},
         check=True,
     )
     return done.stdout
