@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from deployments.feed_hub import FeedHub, FeedItem
-from deployments.wire import EngineFailed, GenerationError, ReplyPart
+from deployments.wire import Api, EngineFailed, GenerationError, ReplyPart
 
 
 class EngineServing:
@@ -24,7 +24,7 @@ class EngineServing:
         self._replica = replica
 
     async def stream(
-        self, api: str, body: dict, ingress: str | None = None, key: int = 0
+        self, api: Api, body: dict, ingress: str | None = None, key: int = 0
     ) -> AsyncIterator[ReplyPart]:
         """A streamed request of `api` from ingress replica `ingress` (its request `key`):
         batches of SSE events, or, while that ingress has a feed open here, the first part
@@ -64,7 +64,7 @@ class EngineServing:
         async for batch in self.feeds.serve(ingress):
             yield batch
 
-    async def reply(self, api: str, body: dict) -> AsyncIterator[ReplyPart]:
+    async def reply(self, api: Api, body: dict) -> AsyncIterator[ReplyPart]:
         """A whole request of `api`: the token counts so far every second or so while the
         engine works (parts without data), then the JSON body, in parts up to its `last`."""
         try:

@@ -24,7 +24,7 @@ from deployments.garbage_collection import collect_less_often
 from deployments.model_type import ModelTypeConfig, generated_model
 from deployments.replica_log import kept_through_logging_setup
 from deployments.serving_processes import Gang
-from deployments.wire import ENGINE, ModelInfo, ReplyPart
+from deployments.wire import ENGINE, Api, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve")
 
@@ -61,7 +61,7 @@ class ModelServer:
 
     async def stream(
         self,
-        api: str,
+        api: Api,
         body: dict,
         ingress: str | None = None,
         key: int = 0,
@@ -81,7 +81,7 @@ class ModelServer:
             yield batch
 
     async def reply(
-        self, api: str, body: dict, avoid: tuple[str, ...] = ()
+        self, api: Api, body: dict, avoid: tuple[str, ...] = ()
     ) -> AsyncIterator[ReplyPart]:
         """A whole request of `api`: the token counts so far every second or so while the
         engine works (parts without data), then the JSON body, in parts up to its `last`.
@@ -93,7 +93,7 @@ class ModelServer:
     async def info(self) -> ModelInfo:
         return self._engine.info()
 
-    async def prompt_tokens(self, api: str, body: dict) -> int:
+    async def prompt_tokens(self, api: Api, body: dict) -> int:
         """The prompt's length in tokens, rendered and checked as for generation, without
         generating: the ingress asks before it admits a long prompt."""
         return await self._engine.prompt_tokens(api, body)

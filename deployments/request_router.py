@@ -46,7 +46,7 @@ import orjson
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 from ray.util.metrics import Counter
 
-from deployments.wire import AVOID, ENGINE
+from deployments.wire import AVOID, ENGINE, Api
 
 FEED_TARGET = "feed_for"
 """The keyword of a feed call that names the replica it must reach."""
@@ -78,14 +78,14 @@ DECISIONS = Counter(
 )
 
 
-def rendered(api: str, body: dict[str, Any]) -> tuple[Any, Any]:
+def rendered(api: Api, body: dict[str, Any]) -> tuple[Any, Any]:
     """What the engine renders first, in the order it renders it: tools (chat templates put
     them in the system prompt), then the conversation or prompt."""
-    if api == "chat":
+    if api == Api.CHAT:
         return body.get("tools"), body.get("messages")
-    if api == "responses":
+    if api == Api.RESPONSES:
         return [body.get("instructions"), body.get("tools")], body.get("input")
-    if api == "messages":
+    if api == Api.MESSAGES:
         return [body.get("system"), body.get("tools")], body.get("messages")
     return None, body.get("prompt")
 
@@ -116,27 +116,27 @@ def adapter_of(body: dict[str, Any]) -> bytes:
     return model.encode() if isinstance(model, str) and ":" in model else b""
 
 
-UNCACHED_APIS = frozenset({"embeddings"})
+UNCACHED_APIS = frozenset({Api.EMBEDDINGS})
 """Requests whose prompts leave nothing in the cache for the next: the power of two alone."""
 
 
-def prompt_text(api: str, body: dict[str, Any]) -> bytes:
+def prompt_text(api: Api, body: dict[str, Any]) -> bytes:
     """`rendered`, serialised."""
     head, conversation = rendered(api, body)
     return orjson.dumps(head) + orjson.dumps(conversation)
 
 
-def first_turn_text(api: str, body: dict[str, Any]) -> bytes:
+def first_turn_text(api: Api, body: dict[str, Any]) -> bytes:
     """The head of `prompt_text` that every turn of a conversation starts with: up to the end
     of its first user message (the first block of a bare prompt)."""
     head, conversation = rendered(api, body)
-    if api != "completion" and isinstance(conversation, list):
+    if api != Api.COMPLETION and isinstance(conversation, list):
         for end, message in enumerate(conversation, 1):
             if isinstance(message, dict) and message.get("role") == "user":
                 # Without the list's closing bracket, which a longer conversation has further on.
                 return orjson.dumps(head) + orjson.dumps(conversation[:end])[:-1]
     text = orjson.dumps(head) + orjson.dumps(conversation)
-    return text[:BLOCK_BYTES] if api == "completion" else text
+    return text[:BLOCK_BYTES] if api == Api.COMPLETION else text
 
 
 def home_key(first_turn: bytes) -> bytes:
@@ -237,7 +237,7 @@ class Routing:
 
     __slots__ = ("hashes", "first_blocks", "home_key", "new", "decision", "preferred")
 
-    def __init__(self, api: str, body: dict[str, Any]) -> None:
+    def __init__(self, api: Api, body: dict[str, Any]) -> None:
         adapter = adapter_of(body)
         text = adapter + prompt_text(api, body)
         first_turn = adapter + first_turn_text(api, body)

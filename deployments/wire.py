@@ -2,14 +2,39 @@
 
 Plain, picklable types: they cross Ray on every request and every streamed message, so they
 stay small, and this module imports nothing heavy (the ingress never imports vLLM).
-A call names its API ("chat", "completion", "responses", "messages", "embeddings") and carries
-the body as the ingress validated it; the reply is already encoded by vLLM's serving layer, so the ingress
+A call names its API (`Api`) and carries the body as the ingress validated it; the reply is already encoded by vLLM's serving layer, so the ingress
 relays bytes without decoding them.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import NamedTuple
+
+
+class Api(StrEnum):
+    """The APIs, as the ingress names them to a model replica. A member is its value: it
+    crosses Ray as that string and compares equal to it."""
+
+    CHAT = "chat"
+    COMPLETION = "completion"
+    RESPONSES = "responses"
+    MESSAGES = "messages"
+    EMBEDDINGS = "embeddings"
+
+    @property
+    def path(self) -> str:
+        """Where a client calls it."""
+        return API_PATHS[self]
+
+
+API_PATHS = {
+    Api.CHAT: "/v1/chat/completions",
+    Api.COMPLETION: "/v1/completions",
+    Api.RESPONSES: "/v1/responses",
+    Api.MESSAGES: "/v1/messages",
+    Api.EMBEDDINGS: "/v1/embeddings",
+}
 
 
 class ReplyPart(NamedTuple):

@@ -13,18 +13,14 @@ from pydantic import SecretStr
 from app.accounts.auth import AuthenticateFirst, KeyVerifier, store_error
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.responses import ResponseStore
+from app.apis.chat import route as chat
+from app.apis.completions import route as completions
+from app.apis.embeddings import route as embeddings
+from app.apis.messages import route as messages
+from app.apis.responses import route as responses
 from app.http.body_limit import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
 from app.http.cors import install_cors
-from app.http.routes import (
-    account,
-    admin,
-    chat,
-    completions,
-    embeddings,
-    health,
-    messages,
-    responses,
-)
+from app.http.routes import account, admin, health
 from app.http.routes import models as model_routes
 from app.limits.admission import RateLimits
 from app.limits.usage_meter import UsageMeter

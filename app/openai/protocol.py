@@ -3,8 +3,8 @@ sampling fields, the fields refused by name, and the shapes of models and errors
 
 The model replicas run vLLM's own OpenAI serving layer, which validates each request again and
 produces the reply bytes. Here every field of OpenAI's API is either typed (and passed on) or
-refused by name: nothing a client asks for is silently dropped. Chat: app.openai.chat;
-completions: app.openai.completions; responses: app.openai.responses.
+refused by name: nothing a client asks for is silently dropped. Chat: app.apis.chat.protocol;
+completions: app.apis.completions.protocol; responses: app.apis.responses.protocol.
 """
 
 from __future__ import annotations

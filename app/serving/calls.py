@@ -1,37 +1,59 @@
-"""/v1/chat/completions, /v1/completions and /v1/embeddings as `ApiCall`s of the pipeline.
+"""What the APIs whose replies are relayed as the replica encoded them share: chat,
+completions, messages and embeddings (each API's own call: app/apis/<api>/call.py).
 
-Each relays the replica's bytes as they are (vLLM's serving layer encoded them); a broken
-stream ends with OpenAI's `data: {"error": ...}` event and `data: [DONE]`.
+A body is checked here (its refused fields named, its structures bounded) and the replica's
+bytes go to the client as they are (vLLM's serving layer encoded them); a broken stream ends
+with OpenAI's `data: {"error": ...}` event and `data: [DONE]` unless the API frames its own.
 """
 
 from __future__ import annotations
 
-import orjson
+from collections.abc import Iterable
+from typing import Any, Protocol
 
-from app.anthropic.messages import MessagesRequest
+import orjson
+from fastapi import Response
+
 from app.limits.structure_bounds import check_structures, marked
-from app.openai.chat import ChatCompletionRequest
-from app.openai.completions import CompletionRequest
-from app.openai.embeddings import EmbeddingRequest
+from app.limits.ticket import Ticket
 from app.openai.errors import ApiError
-from app.openai.protocol import GenerationFields, ReplyLength
-from app.serving.pipeline import PROMPT_BYTES_BOUND, InputSize, check_reasoning, check_tools
-from deployments.wire import ModelInfo, ReplyPart
+from app.openai.protocol import Structure
+from app.serving import migration
+from app.serving.continuation import Continue, resumable
+from app.serving.dispatch import ModelEndpoint
+from app.serving.pipeline import InputSize
+from deployments.wire import Api, ModelInfo, ReplyPart
 
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
-class RelayedCall:
-    """What chat, completions and messages share: a body checked here, refused fields named,
-    and replies relayed as the replica encoded them."""
+class RelayedBody(Protocol):
+    """A request body as an API's protocol validated it."""
 
-    api: str
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def stream(self) -> bool | None: ...
+
+    def unsupported_field(self) -> tuple[str, str] | None: ...
+
+    def structures(self) -> Iterable[Structure]: ...
+
+    def to_engine(self) -> dict[str, Any]: ...
+
+
+class RelayedCall:
+    """What chat, completions, messages and embeddings share: a body checked here, refused
+    fields named, and replies relayed as the replica encoded them."""
+
+    api: Api
     prompt_bytes = 0
     keepalive: bytes | None = None
     background = False
     inputs: InputSize | None = None
 
-    def __init__(self, body: GenerationFields | MessagesRequest | EmbeddingRequest) -> None:
+    def __init__(self, body: RelayedBody) -> None:
         self.body = body
         self.model = body.model
         self.stream = bool(body.stream)
@@ -59,64 +81,11 @@ class RelayedCall:
         """The client raises on a `data: {"error": ...}` event."""
         return b"data: " + orjson.dumps(error.body()) + b"\n\n" + DONE_EVENT
 
+    def resume(self, payload: dict, model: ModelInfo) -> Continue:
+        """How a cut stream goes on (the API's continuation rules), or why it cannot."""
+        return resumable(f"a {self.api} request is not streamed", lambda sent, received: "")
 
-class ChatCall(RelayedCall):
-    api = "chat"
-    body: ChatCompletionRequest
-
-    def __init__(self, body: ChatCompletionRequest) -> None:
-        super().__init__(body)
-        sent_old_name = body.max_completion_tokens is None and body.max_tokens is not None
-        field = "max_tokens" if sent_old_name else "max_completion_tokens"
-        self.reply = ReplyLength(field, body.reply_limit, body.choices)
-
-    def check_against_model(self, model: ModelInfo) -> None:
-        body = self.body
-        check_tools(model, body.tools, body.tool_choice)
-        check_reasoning(model, body.reasoning_effort is not None, "reasoning_effort")
-
-
-class CompletionCall(RelayedCall):
-    api = "completion"
-    body: CompletionRequest
-
-    def __init__(self, body: CompletionRequest) -> None:
-        super().__init__(body)
-        # Every prompt's every choice is one of the engine's sequences.
-        self.reply = ReplyLength("max_tokens", body.reply_limit, body.choices * body.prompts)
-
-    def check_against_model(self, model: ModelInfo) -> None:
-        pass
-
-
-SPECIAL_TOKENS_BOUND = 4
-"""Most tokens a tokenizer adds to an input of its own (a BOS, an EOS, a separator)."""
-
-
-class EmbeddingsCall(RelayedCall):
-    """/v1/embeddings: a whole reply, no generation; its inputs held to the plan's bounds."""
-
-    api = "embeddings"
-
-    def __init__(self, body: EmbeddingRequest) -> None:
-        super().__init__(body)
-        # Nothing is generated; admission still reserves a token (a window with none left
-        # refuses), replaced by the inputs' tokens when it is charged.
-        self.reply = ReplyLength("input", 1)
-        self.inputs = input_size(body.inputs)
-
-    def check_against_model(self, model: ModelInfo) -> None:
-        pass
-
-
-def input_size(inputs: list[str] | list[list[int]]) -> InputSize:
-    """How many inputs, and at most how many tokens (exact for token ids; a text's bound as
-    `check_prompt_length` reckons a prompt's)."""
-    if inputs and isinstance(inputs[0], list):
-        lengths = [len(i) for i in inputs]
-        return InputSize(len(lengths), sum(lengths), max(lengths), exact=True)
-    bounds = [
-        PROMPT_BYTES_BOUND * len(text.encode()) + SPECIAL_TOKENS_BOUND  # type: ignore[union-attr]
-        for text in inputs
-    ]
-    return InputSize(len(bounds), sum(bounds), max(bounds), exact=False)
+    async def in_background(
+        self, endpoint: ModelEndpoint, payload: dict, ticket: Ticket, attempts: migration.Attempts
+    ) -> Response:
+        raise NotImplementedError("only /v1/responses answers in the background")

@@ -31,7 +31,7 @@ from deployments.ray_internals import (
     scales_to_zero,
     when_assigned,
 )
-from deployments.wire import AVOID, EngineFailed, GenerationError, ModelInfo, ReplyPart
+from deployments.wire import AVOID, Api, EngineFailed, GenerationError, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -65,7 +65,7 @@ class ModelEndpoint:
         self._refused: weakref.WeakSet[DeploymentResponseBase] = weakref.WeakSet()
 
     async def open_stream(
-        self, api: str, body: dict, meter: Meter, avoid: tuple[str, ...] = ()
+        self, api: Api, body: dict, meter: Meter, avoid: tuple[str, ...] = ()
     ) -> tuple[ReplyPart, PartStream]:
         """Start a stream of `api` and wait for its first part, so that a refusal is still an
         HTTP status; its counts (or those its failure declares) go to `meter`. The rest of the
@@ -95,7 +95,7 @@ class ModelEndpoint:
         return first, response
 
     async def reply(
-        self, api: str, body: dict, meter: Meter, avoid: tuple[str, ...] = ()
+        self, api: Api, body: dict, meter: Meter, avoid: tuple[str, ...] = ()
     ) -> ReplyPart:
         """The whole reply of a request of `api` without `stream`: its JSON body (joined from
         the parts that carry it) and the engine's token counts.
@@ -130,7 +130,7 @@ class ModelEndpoint:
             self._info_at = now
         return self._info
 
-    async def prompt_tokens(self, api: str, body: dict) -> int:
+    async def prompt_tokens(self, api: Api, body: dict) -> int:
         """The prompt's length as a replica renders it for generation, nothing generated;
         a prompt the replica would refuse (beyond the context, say) is its `ApiError`."""
         response = self._track(self._whole.prompt_tokens.remote(api, body))

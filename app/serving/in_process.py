@@ -22,7 +22,7 @@ from app.openai.errors import ApiError
 from app.serving.dispatch import ModelEndpoint, ReplicaLost, count_failure, joined, overloaded
 from deployments.model_server import start_engine
 from deployments.model_type import ModelTypeConfig
-from deployments.wire import EngineFailed, ModelInfo, ReplyPart
+from deployments.wire import Api, EngineFailed, ModelInfo, ReplyPart
 
 ENGINE = "the ingress's engine"
 """What a failure of a type's engine in the ingress names as its replica."""
@@ -97,7 +97,7 @@ class LocalEndpoint(ModelEndpoint):
         self._held -= 1
 
     async def open_stream(
-        self, api: str, body: dict, meter: Meter, avoid: tuple[str, ...] = ()
+        self, api: Api, body: dict, meter: Meter, avoid: tuple[str, ...] = ()
     ) -> tuple[ReplyPart, LocalParts]:
         self._hold()
         released = False
@@ -124,7 +124,7 @@ class LocalEndpoint(ModelEndpoint):
         return first, LocalParts(parts, done)
 
     async def reply(
-        self, api: str, body: dict, meter: Meter, avoid: tuple[str, ...] = ()
+        self, api: Api, body: dict, meter: Meter, avoid: tuple[str, ...] = ()
     ) -> ReplyPart:
         self._hold()
         try:
@@ -141,7 +141,7 @@ class LocalEndpoint(ModelEndpoint):
     async def info(self) -> ModelInfo:
         return self.engine.info()
 
-    async def prompt_tokens(self, api: str, body: dict) -> int:
+    async def prompt_tokens(self, api: Api, body: dict) -> int:
         try:
             return await self.engine.prompt_tokens(api, body)
         except Exception as exc:

@@ -20,15 +20,16 @@ from fastapi import Request, Response
 
 from app.accounts.auth import Caller
 from app.limits.admission import RateLimits
-from app.limits.ticket import Meter
+from app.limits.ticket import Meter, Ticket
 from app.observability.request_record import RequestRecord, record_of
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.openai.sse import EventStream, line_safe
-from app.serving import background, migration
+from app.serving import migration
 from app.serving.adapters import adapter_path
+from app.serving.continuation import Continue
 from app.serving.dispatch import ModelEndpoint, ModelEndpoints, count_failure
-from deployments.wire import ADAPTER_PATH, ModelInfo, ReplyPart
+from deployments.wire import ADAPTER_PATH, Api, ModelInfo, ReplyPart
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 PROMPT_BYTES_BOUND = 2
@@ -41,12 +42,11 @@ queue, a long prefill): proxies and clients that time out idle connections keep 
 class ApiCall(Protocol):
     """One request of an API, as the pipeline serves it: what differs between APIs."""
 
-    api: str
-    """The model replica's name for the API: "chat", "completion" or "responses"."""
+    api: Api
     model: str
     stream: bool
     background: bool
-    """Answered at once, generated after (app.serving.background): a Responses option."""
+    """Answered at once, generated after (`in_background`): a Responses option."""
     reply: ReplyLength
     prompt_bytes: int
     """Bytes of the prompt beyond the request's body (a replayed history)."""
@@ -71,6 +71,15 @@ class ApiCall(Protocol):
 
     def error_event(self, error: ApiError) -> bytes:
         """The event that ends a stream with `error`."""
+
+    def resume(self, payload: dict, model: ModelInfo) -> Continue:
+        """How a stream cut by a failed replica goes on (the API's continuation rules:
+        app/apis/<api>/continuation.py), or why it cannot."""
+
+    async def in_background(
+        self, endpoint: ModelEndpoint, payload: dict, ticket: Ticket, attempts: migration.Attempts
+    ) -> Response:
+        """Where `background` is set: the answer now, the reply generated after."""
 
     keepalive: bytes | None
     """The event a stream sends while it waits (Anthropic's `ping`), or None."""
@@ -126,9 +135,7 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     ticket.shape(payload, call.reply, model)
     attempts = migration.Attempts(request.app.state.migration_attempts)
     if call.background:
-        queued = await call.queued(endpoint.name)
-        background.start(background.generate(call, endpoint, payload, ticket, attempts))
-        return Response(queued, media_type="application/json", headers=ticket.headers)
+        return await call.in_background(endpoint, payload, ticket, attempts)
     async with ticket.charging() as meter:
         if call.stream:
             first, parts = await migration.open_stream(endpoint, call.api, payload, meter, attempts)
@@ -141,7 +148,7 @@ async def serve(request: Request, caller: Caller, call: ApiCall) -> Response:
     if not call.stream:
         return Response(body, media_type="application/json", headers=ticket.headers)
     tally = Tally(first, meter, record)
-    resume = migration.resume_of(call.api, payload, model)
+    resume = call.resume(payload, model)
     stream = migration.ContinuedStream(endpoint, call.api, first, parts, meter, attempts, resume)
     return EventStream(
         _relay(call, endpoint, stream, tally),
@@ -181,28 +188,19 @@ def adapter_named(model: str, model_type: str) -> str | None:
     return model
 
 
-API_PATHS = {
-    "chat": "/v1/chat/completions",
-    "completion": "/v1/completions",
-    "responses": "/v1/responses",
-    "messages": "/v1/messages",
-    "embeddings": "/v1/embeddings",
-}
-
-
-def check_api_served(api: str, model: ModelInfo) -> None:
+def check_api_served(api: Api, model: ModelInfo) -> None:
     """An embedding type serves /v1/embeddings alone, and a type that generates every API but
     that one: a 400 naming the model and the API, the same on every API."""
-    if model.embedding == (api == "embeddings"):
+    if model.embedding == (api == Api.EMBEDDINGS):
         return
     if model.embedding:
-        served = f"an embedding model: it serves {API_PATHS['embeddings']} only"
+        served = f"an embedding model: it serves {Api.EMBEDDINGS.path} only"
     else:
-        served = f"a model that generates text: it does not serve {API_PATHS['embeddings']}"
+        served = f"a model that generates text: it does not serve {Api.EMBEDDINGS.path}"
     raise ApiError(
         400,
-        f"{model.name} is {served}, not {API_PATHS[api]}. Use a model type that serves "
-        f"{API_PATHS[api]} (GET /v1/models lists them).",
+        f"{model.name} is {served}, not {api.path}. Use a model type that serves "
+        f"{api.path} (GET /v1/models lists them).",
         param="model",
         code="model_not_supported",
     )
@@ -256,7 +254,7 @@ async def check_prompt_length(
     caller: Caller,
     endpoint: ModelEndpoint,
     model: ModelInfo,
-    api: str,
+    api: Api,
     payload: dict,
     prompt_bytes: int,
 ) -> None:
@@ -317,7 +315,7 @@ async def check_inputs(
         if not await limits.has_requests_left(caller, endpoint.name):
             return  # admission's 429, without a replica's work
         try:
-            tokens = await endpoint.prompt_tokens("embeddings", payload)
+            tokens = await endpoint.prompt_tokens(Api.EMBEDDINGS, payload)
         except ApiError as error:
             if error.status < 500:
                 await limits.refuse(caller, endpoint.name)

@@ -41,7 +41,7 @@ from deployments.vllm_engine.shared_engine import (
     client_engine,
     watch_core,
 )
-from deployments.wire import ADAPTER_PATH, GRAMMAR_PARAM, GenerationError, ModelInfo, ReplyPart
+from deployments.wire import ADAPTER_PATH, GRAMMAR_PARAM, Api, GenerationError, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")  # into the replica's Serve log
 
@@ -110,7 +110,7 @@ class VllmEngine:
         self._models = state.openai_serving_models
         self._runtime_adapters = RuntimeAdapters(name, self._models, engine)
         self.lora = engine.vllm_config.lora_config is not None
-        self.embedding = "embeddings" in self._apis
+        self.embedding = Api.EMBEDDINGS in self._apis
         self._responses: Any = None  # vLLM's Responses handler, built on first use
         self._parser = parser
         self._tool_strict_level = tool_strict_level
@@ -205,7 +205,7 @@ class VllmEngine:
         if served.embedding:
             return served
         try:
-            served.template_tokens = await served.prompt_tokens("chat", TEMPLATE_PROBE)
+            served.template_tokens = await served.prompt_tokens(Api.CHAT, TEMPLATE_PROBE)
         except GenerationError as exc:
             # Unknown: the ingress then measures every prompt before admitting it.
             logger.warning("The chat template's own length is unknown (%s)", exc.message)
@@ -213,9 +213,9 @@ class VllmEngine:
         return served
 
     def serve(
-        self, api: str, body: dict[str, Any], *, batched: bool = True
+        self, api: Api, body: dict[str, Any], *, batched: bool = True
     ) -> AsyncGenerator[ReplyPart, None]:
-        """A request of `api` ("chat", "completion", "responses", "messages" or "embeddings"):
+        """A request of `api`:
         see `replies.serve`; under priority scheduling, once the gate gives it a slot per
         sequence it runs. A registered adapter it names is loaded first, unless held."""
         path = body.pop(ADAPTER_PATH, None)
@@ -226,7 +226,7 @@ class VllmEngine:
         return self.gated(api, body, parts)
 
     def gated(
-        self, api: str, body: dict[str, Any], parts: AsyncGenerator[ReplyPart, None]
+        self, api: Api, body: dict[str, Any], parts: AsyncGenerator[ReplyPart, None]
     ) -> AsyncGenerator[ReplyPart, None]:
         """`parts` of a request of `api`, once the priority gate (if any) gives it its slots."""
         if self.gate is None:
@@ -241,7 +241,7 @@ class VllmEngine:
             async for part in parts:
                 yield part
 
-    async def prompt_tokens(self, api: str, body: dict[str, Any]) -> int:
+    async def prompt_tokens(self, api: Api, body: dict[str, Any]) -> int:
         """The prompt's tokens as the serving layer renders them for generation (the longest
         prompt of a completion request), nothing generated: raises the `GenerationError`
         generation would, a prompt beyond the context included."""
@@ -252,8 +252,8 @@ class VllmEngine:
         body = {name: value for name, value in body.items() if name != GRAMMAR_PARAM}
         return await replies.prompt_tokens(self._api(api, body), body)
 
-    def _api(self, api: str, body: dict[str, Any]) -> ServedApi:
-        if api != "responses" or self.embedding:
+    def _api(self, api: Api, body: dict[str, Any]) -> ServedApi:
+        if api != Api.RESPONSES or self.embedding:
             return self._apis[api]  # the ingress sends an embedding type embeddings alone
         # Imported on first use, as the handler is built: the GPU bench's vLLM 0.26 lacks it.
         from deployments.vllm_engine.responses import ResponsesApi, build_serving
@@ -310,25 +310,25 @@ class VllmEngine:
         self._engine.shutdown()
 
 
-def served_apis(state: State) -> dict[str, ServedApi]:
+def served_apis(state: State) -> dict[Api, ServedApi]:
     """The APIs of the serving layer vLLM built for this model: a generating model's chat,
     completions and messages (responses is built on first use), or an embedding model's
     embeddings alone."""
     embedding = getattr(state, "serving_embedding", None)
     if embedding is not None:
-        return {"embeddings": EmbeddingsApi(embedding)}
+        return {Api.EMBEDDINGS: EmbeddingsApi(embedding)}
     return {
-        "chat": ChatApi(state.openai_serving_chat),
-        "completion": CompletionApi(state.openai_serving_completion),
-        "messages": MessagesApi(state.anthropic_serving_messages),
+        Api.CHAT: ChatApi(state.openai_serving_chat),
+        Api.COMPLETION: CompletionApi(state.openai_serving_completion),
+        Api.MESSAGES: MessagesApi(state.anthropic_serving_messages),
     }
 
 
-def sequences(api: str, body: dict[str, Any]) -> int:
+def sequences(api: Api, body: dict[str, Any]) -> int:
     """The sequences the engine runs at once for a request: `n` of each prompt (a completion's
     prompt may be a list of prompts, each a string or a list of token ids), or one per input
     of an embedding request."""
-    prompt = body.get({"completion": "prompt", "embeddings": "input"}.get(api, ""))
+    prompt = body.get({Api.COMPLETION: "prompt", Api.EMBEDDINGS: "input"}.get(api, ""))
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         return (body.get("n") or 1) * len(prompt)
     return body.get("n") or 1

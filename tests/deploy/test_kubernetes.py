@@ -280,6 +280,14 @@ def test_the_model_cache_and_the_upgrade_strategy(rendered):
     assert "volumes" not in head  # only the pods that load a model
 
 
+@pytest.mark.parametrize("values", VALUES, ids=lambda path: path.stem)
+def test_helm_lint_finds_nothing_in_the_chart(values):
+    done = subprocess.run(
+        [HELM, "lint", "--strict", str(CHART), "-f", str(values)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_a_values_mistake_stops_the_render_naming_it():
     with pytest.raises(RenderFailed, match="ServiceAi-Turbo: the production profile has no such"):
         render(sets=("types.ServiceAi-Turbo.model=acme/x",))

@@ -1,8 +1,8 @@
 import pytest
 from pydantic import ValidationError
 
-from app.openai.chat import ChatCompletionRequest
-from app.openai.completions import CompletionRequest
+from app.apis.chat.protocol import ChatCompletionRequest
+from app.apis.completions.protocol import CompletionRequest
 
 
 def request(**fields):

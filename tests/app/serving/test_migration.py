@@ -11,15 +11,45 @@ import orjson
 import pytest
 from ray.exceptions import RayActorError
 
+from app.apis.chat import continuation as chat_continuation
+from app.apis.chat.protocol import ChatCompletionRequest
+from app.apis.completions import continuation as completions_continuation
+from app.apis.completions.protocol import CompletionRequest
+from app.apis.embeddings.call import EmbeddingsCall
+from app.apis.embeddings.protocol import EmbeddingRequest
+from app.apis.messages import continuation as messages_continuation
+from app.apis.messages.protocol import MessagesRequest
+from app.apis.responses import continuation as responses_continuation
+from app.apis.responses.protocol import ResponseCreateRequest
 from app.limits.ticket import Meter
 from app.openai.errors import ApiError
 from app.serving import migration
+from app.serving.continuation import Continue, sse_events
 from app.serving.dispatch import ModelEndpoint, ReplicaLost
-from app.serving.migration import Attempts, ContinuedStream, resume_of
+from app.serving.migration import Attempts, ContinuedStream
 from deployments.wire import EngineFailed, InvalidGenerationRequest, ModelInfo, ReplyPart
 from tests.app.serve_fakes import FakeHandle, serve_stream
 
 MODEL = ModelInfo("T", 2048)
+RESUMES = {
+    "chat": (ChatCompletionRequest, chat_continuation.resume),
+    "completion": (CompletionRequest, completions_continuation.resume),
+    "messages": (MessagesRequest, messages_continuation.resume),
+    "responses": (ResponseCreateRequest, responses_continuation.resume),
+}
+
+
+def resume_of(api: str, payload: dict, model: ModelInfo) -> Continue:
+    """How a stream of `api` with this payload goes on, as the API's call says: the client
+    set the payload's fields of the API's request (those the ingress adds aside)."""
+    if api not in RESUMES:
+        body = EmbeddingRequest(model="T", input="x")
+        return EmbeddingsCall(body).resume(payload, model)
+    request, resume = RESUMES[api]
+    client_fields = {k: v for k, v in payload.items() if k in request.model_fields}
+    return resume(request.model_construct(**client_fields), payload, model)
+
+
 CHAT = {
     "model": "T",
     "messages": [{"role": "user", "content": "hi"}],
@@ -132,7 +162,7 @@ async def relay(
 
 def text_and_events(received: list) -> tuple[str, list[dict]]:
     chunks = [orjson.loads(e) for p in received if isinstance(p, ReplyPart)
-              for e in migration.sse_events(p.data) if e != b"[DONE]"]  # fmt: skip
+              for e in sse_events(p.data) if e != b"[DONE]"]  # fmt: skip
     text = "".join((c["choices"][0]["delta"].get("content") or "") for c in chunks if c["choices"])
     return text, chunks
 
@@ -280,7 +310,7 @@ async def test_a_messages_stream_goes_on_as_one_message_from_a_prefill():
     ]
     replicas = Replicas([(first, failing("r1")), (second, None)])
     received, counted = await relay(replicas, MESSAGES, api="messages")
-    events = [orjson.loads(e) for p in received for e in migration.sse_events(p.data)]
+    events = [orjson.loads(e) for p in received for e in sse_events(p.data)]
     assert [e["type"] for e in events] == [
         "message_start", "content_block_start", "content_block_delta", "content_block_delta",
         "ping", "content_block_delta", "content_block_stop", "message_delta", "message_stop",
@@ -403,7 +433,7 @@ async def test_a_responses_stream_goes_on_as_one_response():
     ]
     replicas = Replicas([(first, failing("r1")), (second, None)])
     received, counted = await relay(replicas, payload, api="responses")
-    events = [orjson.loads(e) for p in received for e in migration.sse_events(p.data)]
+    events = [orjson.loads(e) for p in received for e in sse_events(p.data)]
     events.append(orjson.loads(received[-1].final))
     assert [e["type"] for e in events] == [
         "response.created", "response.in_progress", "response.output_item.added",

@@ -6,15 +6,17 @@ import asyncio
 
 import pytest
 
+from app.apis.chat.call import ChatCall
+from app.apis.chat.protocol import ChatCompletionRequest
+from app.apis.completions.call import CompletionCall
+from app.apis.completions.protocol import CompletionRequest
+from app.apis.responses.call import ResponsesCall
+from app.apis.responses.protocol import ResponseCreateRequest
 from app.limits.ticket import Meter
 from app.observability.metrics import InFlight
 from app.observability.request_record import CLIENT_CLOSED, RequestRecord
-from app.openai.chat import ChatCompletionRequest
-from app.openai.completions import CompletionRequest
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
-from app.openai.responses import ResponseCreateRequest
-from app.serving.calls import ChatCall, CompletionCall
 from app.serving.pipeline import (
     PROMPT_BYTES_BOUND,
     Tally,
@@ -22,7 +24,6 @@ from app.serving.pipeline import (
     check_prompt_length,
     check_reply_length,
 )
-from app.serving.responses_call import ResponsesCall
 from deployments.wire import ModelInfo, ReplyPart
 from tests.app.shipped_plans import FAST, PRO, caller
 
@@ -100,8 +101,8 @@ def test_an_automatic_tool_choice_needs_a_parser_a_forced_one_does_not(choice, n
 
 
 def test_reasoning_needs_a_reasoning_parser_with_the_same_answer_on_every_api():
-    from app.anthropic.messages import MessagesRequest
-    from app.serving.messages_call import MessagesCall
+    from app.apis.messages.call import MessagesCall
+    from app.apis.messages.protocol import MessagesRequest
 
     hi = [{"role": "user", "content": "hi"}]
     asking = [
@@ -366,9 +367,9 @@ class _Slow(_Parts):
 
 
 async def test_a_messages_stream_sends_ping_while_it_waits_and_others_send_nothing(monkeypatch):
-    from app.anthropic.messages import MessagesRequest
+    from app.apis.messages.call import MessagesCall
+    from app.apis.messages.protocol import MessagesRequest
     from app.serving import pipeline
-    from app.serving.messages_call import MessagesCall
 
     monkeypatch.setattr(pipeline, "KEEPALIVE_S", 0.01)
     first = ReplyPart(b"event: message_start\n\n", 7, 0)

@@ -12,7 +12,9 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest as VllmCompletionRequest
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest as VllmResponsesRequest
 
-from app.openai import chat, completions, responses
+from app.apis.chat import protocol as chat
+from app.apis.completions import protocol as completions
+from app.apis.responses import protocol as responses
 from app.openai.protocol import CALLER_FIELDS, REFUSED_FIELDS, VLLM_FIELDS
 
 # vLLM fields withheld from clients: the engine's scheduling and transport (the gateway sets

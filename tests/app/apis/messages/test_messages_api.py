@@ -9,7 +9,7 @@ import pytest
 from app.accounts.auth import KeyVerifier
 from app.accounts.keystore import KeyStore
 from app.anthropic import envelope
-from app.anthropic.messages import MessagesRequest
+from app.apis.messages.protocol import MessagesRequest
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
 from app.serving.dispatch import ModelEndpoints

@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 
 from app.accounts.auth import Caller, authenticate
-from app.openai.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
+from app.apis.chat.call import ChatCall
+from app.apis.chat.protocol import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from app.openai.protocol import ErrorResponse
-from app.serving.calls import ChatCall
 from app.serving.pipeline import serve
 
 router = APIRouter()

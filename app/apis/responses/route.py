@@ -1,6 +1,6 @@
 """/v1/responses: OpenAI's Responses API, whole and streamed, and the caller's stored responses.
 
-A new response goes through the pipeline as chat does (app.serving.responses_call holds what
+A new response goes through the pipeline as chat does (app.apis.responses.call holds what
 differs: the stored conversation); the stored ones are read, paged and deleted here.
 """
 
@@ -14,11 +14,11 @@ from fastapi.responses import Response
 
 from app.accounts.auth import Caller, authenticate
 from app.accounts.keystore.responses import MAX_PAGE
+from app.apis.responses.call import ResponsesCall
+from app.apis.responses.protocol import ResponseCreateRequest
 from app.openai.errors import ApiError
 from app.openai.protocol import ErrorResponse
-from app.openai.responses import ResponseCreateRequest
 from app.serving.pipeline import serve
-from app.serving.responses_call import ResponsesCall
 
 router = APIRouter(
     tags=["responses"],

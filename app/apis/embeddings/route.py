@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 
 from app.accounts.auth import Caller, authenticate
-from app.http.routes.chat import ERRORS
-from app.openai.embeddings import EmbeddingList, EmbeddingRequest
-from app.serving.calls import EmbeddingsCall
+from app.apis.chat.route import ERRORS
+from app.apis.embeddings.call import EmbeddingsCall
+from app.apis.embeddings.protocol import EmbeddingList, EmbeddingRequest
 from app.serving.pipeline import serve
 
 router = APIRouter()

@@ -11,9 +11,9 @@ import pytest
 from app.accounts.auth import KeyVerifier
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.responses import ResponseStore
+from app.apis.responses.protocol import ResponseCreateRequest
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.openai.responses import ResponseCreateRequest
 from app.serving.dispatch import ModelEndpoints
 from tests.app.conftest import bearer, shipped_limits
 from tests.app.serve_fakes import FakeHandle

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 
 from app.accounts.auth import Caller, authenticate
-from app.http.routes.chat import ERRORS
-from app.openai.completions import CompletionRequest
-from app.serving.calls import CompletionCall
+from app.apis.chat.route import ERRORS
+from app.apis.completions.call import CompletionCall
+from app.apis.completions.protocol import CompletionRequest
 from app.serving.pipeline import serve
 
 router = APIRouter()

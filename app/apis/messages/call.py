@@ -11,18 +11,20 @@ from __future__ import annotations
 import orjson
 
 from app.anthropic import envelope
-from app.anthropic.messages import MessagesRequest
+from app.apis.messages import continuation
+from app.apis.messages.protocol import MessagesRequest
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.serving.calls import RelayedCall
+from app.serving.continuation import Continue
 from app.serving.pipeline import check_reasoning, check_tools
-from deployments.wire import ModelInfo
+from deployments.wire import Api, ModelInfo
 
 _TOOL_CHOICES = {None: None, "auto": "auto", "none": "none", "any": "required", "tool": "named"}
 
 
 class MessagesCall(RelayedCall):
-    api = "messages"
+    api = Api.MESSAGES
     keepalive: bytes | None = b'event: ping\ndata: {"type": "ping"}\n\n'
     """Anthropic's stream sends `ping` while it waits; its SDKs skip it."""
     body: MessagesRequest
@@ -38,6 +40,9 @@ class MessagesCall(RelayedCall):
         # An effort alone asks for no thinking (as on Anthropic's API; Claude Code sends one on
         # every turn): only `thinking` needs a type that reasons.
         check_reasoning(model, body.thinks, "thinking")
+
+    def resume(self, payload: dict, model: ModelInfo) -> Continue:
+        return continuation.resume(self.body, payload, model)
 
     def error_event(self, error: ApiError) -> bytes:
         """Anthropic's clients raise on an `error` event."""

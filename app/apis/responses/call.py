@@ -14,16 +14,22 @@ import time
 from typing import Any
 
 import orjson
+from fastapi import Response
 
 from app.accounts.auth import Caller
 from app.accounts.keystore.errors import KeyStoreError
 from app.accounts.keystore.responses import UNFINISHED, ResponseStore
+from app.apis.responses import background, continuation
+from app.apis.responses.protocol import ResponseCreateRequest, new_response_id
 from app.limits.structure_bounds import check_structures, marked
+from app.limits.ticket import Ticket
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
-from app.openai.responses import ResponseCreateRequest, new_response_id
+from app.serving import migration
+from app.serving.continuation import Continue
+from app.serving.dispatch import ModelEndpoint
 from app.serving.pipeline import InputSize, check_reasoning, check_tools
-from deployments.wire import ModelInfo, ReplyPart
+from deployments.wire import Api, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")
 
@@ -31,7 +37,7 @@ logger = logging.getLogger("ray.serve.serviceai")
 class ResponsesCall:
     keepalive: bytes | None = None  # OpenAI's streams send no keep-alive event
     inputs: InputSize | None = None
-    api = "responses"
+    api = Api.RESPONSES
 
     def __init__(self, body: ResponseCreateRequest, caller: Caller, store: ResponseStore) -> None:
         self.body = body
@@ -91,6 +97,14 @@ class ResponsesCall:
         response = orjson.loads(data)
         await self._keep(response)
         return orjson.dumps(response)
+
+    async def in_background(
+        self, endpoint: ModelEndpoint, payload: dict, ticket: Ticket, attempts: migration.Attempts
+    ) -> Response:
+        """The response stored queued and answered now; generated after, its end stored."""
+        queued = await self.queued(endpoint.name)
+        background.start(background.generate(self, endpoint, payload, ticket, attempts))
+        return Response(queued, media_type="application/json", headers=ticket.headers)
 
     async def queued(self, model: str) -> bytes:
         """A background response as it starts: stored queued, as the client gets it now."""
@@ -157,6 +171,9 @@ class ResponsesCall:
             event["type"].encode(),
             orjson.dumps(event),
         )
+
+    def resume(self, payload: dict, model: ModelInfo) -> Continue:
+        return continuation.resume(self.body, payload, model)
 
     def error_event(self, error: ApiError) -> bytes:
         return b"event: error\ndata: %s\n\n" % orjson.dumps({"type": "error", **error.body()})

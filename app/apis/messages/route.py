@@ -1,6 +1,6 @@
 """/v1/messages: Anthropic's Messages API, whole and streamed, and its token count.
 
-A message goes through the pipeline as chat does (app.serving.messages_call holds what
+A message goes through the pipeline as chat does (app.apis.messages.call holds what
 differs); every failure under this path is written in Anthropic's envelope
 (app.anthropic.envelope). Keys come as `x-api-key` or `Authorization: Bearer`.
 """
@@ -11,11 +11,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from app.accounts.auth import Caller, authenticate
-from app.anthropic.messages import CountTokensRequest, MessagesRequest
+from app.apis.messages.call import MessagesCall
+from app.apis.messages.protocol import CountTokensRequest, MessagesRequest
 from app.serving.adapters import adapter_path
-from app.serving.messages_call import MessagesCall
 from app.serving.pipeline import check_api_served, serve, target
-from deployments.wire import ADAPTER_PATH
+from deployments.wire import ADAPTER_PATH, Api
 
 router = APIRouter(tags=["messages"])
 
@@ -54,4 +54,4 @@ async def count_tokens(
     payload = {**call.payload(), "model": adapter or endpoint.name}
     if registered_path is not None:
         payload[ADAPTER_PATH] = registered_path
-    return {"input_tokens": await endpoint.prompt_tokens("messages", payload)}
+    return {"input_tokens": await endpoint.prompt_tokens(Api.MESSAGES, payload)}

@@ -21,7 +21,7 @@ from app.serving import migration
 from app.serving.dispatch import ModelEndpoint
 
 if TYPE_CHECKING:
-    from app.serving.responses_call import ResponsesCall
+    from app.apis.responses.call import ResponsesCall
 
 logger = logging.getLogger("ray.serve.serviceai")
 CANCEL_POLL_S = 1.0

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.openai.embeddings import EmbeddingRequest
+from app.apis.embeddings.call import SPECIAL_TOKENS_BOUND, EmbeddingsCall, input_size
+from app.apis.embeddings.protocol import EmbeddingRequest
 from app.openai.errors import ApiError
-from app.serving.calls import SPECIAL_TOKENS_BOUND, EmbeddingsCall, input_size
 from app.serving.pipeline import check_api_served, check_inputs
-from deployments.wire import ModelInfo
+from deployments.wire import Api, ModelInfo
 from tests.app.shipped_plans import caller
 
 EMBED = "ServiceAi-Embed"
@@ -44,10 +44,10 @@ def embeddings(value) -> EmbeddingsCall:
 @pytest.mark.parametrize(
     ("api", "model", "path"),
     [
-        ("chat", EMBEDDING, "/v1/chat/completions"),
-        ("messages", EMBEDDING, "/v1/messages"),
-        ("responses", EMBEDDING, "/v1/responses"),
-        ("embeddings", GENERATING, "/v1/embeddings"),
+        (Api.CHAT, EMBEDDING, "/v1/chat/completions"),
+        (Api.MESSAGES, EMBEDDING, "/v1/messages"),
+        (Api.RESPONSES, EMBEDDING, "/v1/responses"),
+        (Api.EMBEDDINGS, GENERATING, "/v1/embeddings"),
     ],
 )
 def test_an_api_on_the_other_kind_of_type_is_a_400_naming_both(api, model, path):
@@ -59,8 +59,8 @@ def test_an_api_on_the_other_kind_of_type_is_a_400_naming_both(api, model, path)
 
 
 def test_each_kind_of_type_serves_its_own_apis():
-    check_api_served("embeddings", EMBEDDING)
-    for api in ("chat", "completion", "responses", "messages"):
+    check_api_served(Api.EMBEDDINGS, EMBEDDING)
+    for api in (Api.CHAT, Api.COMPLETION, Api.RESPONSES, Api.MESSAGES):
         check_api_served(api, GENERATING)
 
 
