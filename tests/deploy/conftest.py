@@ -16,6 +16,7 @@ CLUSTER_CONFIG = PROJECT_ROOT / "cluster.yaml"
 LOCAL_SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
 PRODUCTION_SERVE_CONFIG = PROJECT_ROOT / "serve_config.production.yaml"
 DEPLOY_GUIDE = PROJECT_ROOT / "docs" / "deploy.md"
+SIZING_GUIDE = PROJECT_ROOT / "docs" / "sizing.md"
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -23,9 +23,9 @@ from deployments.catalog import LOGICAL_MODEL_TYPES
 from deployments.model_type import ModelTypeConfig, ray_accelerator_types
 from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import (
-    DEPLOY_GUIDE,
     LOCAL_SERVE_CONFIG,
     PRODUCTION_SERVE_CONFIG,
+    SIZING_GUIDE,
     build_serve_config,
     load,
 )
@@ -245,7 +245,7 @@ def test_secrets_come_from_the_environment_only(production):
 
 
 def test_scale_to_zero_only_where_the_guide_states_the_cold_start(production):
-    cold_start = DEPLOY_GUIDE.read_text().split("## Cold starts", 1)[1].split("\n## ", 1)[0]
+    cold_start = SIZING_GUIDE.read_text().split("## Cold starts", 1)[1].split("\n## ", 1)[0]
     for entry in model_types(production):
         if entry["autoscaling_config"]["min_replicas"] == 0:
             assert entry["name"] in cold_start, entry["name"]
