@@ -25,7 +25,8 @@ from app.limits.usage_meter import UsageMeter
 from app.observability.metrics import InFlight
 from app.periodic import PeriodicFlush
 from app.serving.adapters import RegisteredAdapters
-from app.serving.dispatch import ModelEndpoint, ModelEndpoints
+from app.serving.dispatch import ModelEndpoint
+from app.serving.endpoints import ModelEndpoints
 from app.serving.in_process import LocalEndpoint
 from deployments import ray_internals
 from deployments.garbage_collection import collect_less_often

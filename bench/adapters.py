@@ -40,6 +40,7 @@ from bench.servers import (
     vllm_command,
     vllm_server,
 )
+from deployments.deployment_options import engine_kwargs
 from deployments.model_type import ModelTypeConfig, tiny_model_dir
 from deployments.tiny_model import ensure
 
@@ -87,7 +88,7 @@ def model_type(adapters: dict[str, str]) -> dict[str, Any]:
 def bare_vllm(config: ModelTypeConfig, log_dir: Path) -> AbstractContextManager[Server]:
     """`vllm serve` of the tiny model with the type's adapters under the service's names."""
     model = str(ensure(tiny_model_dir()))
-    kwargs = config.engine_kwargs(model)
+    kwargs = engine_kwargs(config, model)
     port = free_port()
     modules = [f"{name}={path}" for name, path in config.adapter_paths().items()]
     flags = [

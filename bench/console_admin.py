@@ -35,7 +35,7 @@ from app.limits.admission import RateLimits
 from app.limits.counters import MemoryCounters
 from app.limits.plans import Plans
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 
 DATABASE = "serviceai_bench_console"
 USERS = 10_000

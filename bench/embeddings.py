@@ -51,6 +51,7 @@ from bench.servers import (
     vllm_server,
 )
 from deployments import tiny_model
+from deployments.deployment_options import engine_kwargs
 from deployments.model_type import ModelTypeConfig, generated_model
 
 EMBED = "ServiceAi-Embed"
@@ -208,7 +209,7 @@ def main() -> None:
     config = ModelTypeConfig.model_validate(embed_type())
     model = embedding_model(args.model, config)
     engine_args = {
-        k: v for k, v in config.engine_kwargs(model).items() if k not in ENGINE_SET_BY_NAME
+        k: v for k, v in engine_kwargs(config, model).items() if k not in ENGINE_SET_BY_NAME
     }
     log_dir = Path(tempfile.mkdtemp(prefix="sai-embed-"))
     contenders: dict[str, Callable[[], AbstractContextManager[Server]]] = {

@@ -27,7 +27,7 @@ from app.limits.admission import RateLimits
 from app.limits.counters import MemoryCounters
 from app.limits.plans import Plans
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "serve_config.yaml"
 

@@ -18,6 +18,7 @@ from ray import serve
 from ray.serve import Application
 
 from deployments import ray_internals
+from deployments.deployment_options import engine_kwargs, serve_options
 from deployments.engine_serving import EngineServing
 from deployments.feed_hub import FeedHub, FeedItem
 from deployments.garbage_collection import collect_less_often
@@ -156,7 +157,7 @@ async def start_engine(config: ModelTypeConfig, **options: Any) -> Any:
     with kept_through_logging_setup():
         return await VllmEngine.start(
             config.name,
-            config.engine_kwargs(local_model(config)),
+            engine_kwargs(config, local_model(config)),
             **engine_options(config),
             **options,
         )
@@ -177,7 +178,7 @@ def engine_options(config: ModelTypeConfig) -> dict[str, Any]:
 
 def build_model_app(config: ModelTypeConfig) -> Application:
     """Bind the model deployment of one model type with its Serve options."""
-    return ModelServer.options(**config.serve_options()).bind(config)  # type: ignore[attr-defined]
+    return ModelServer.options(**serve_options(config)).bind(config)  # type: ignore[attr-defined]
 
 
 @serve.deployment(

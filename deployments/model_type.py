@@ -18,7 +18,6 @@ from deployments.wire import ADAPTER_NAME
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = "tiny"
 """The `model` value (also the default) that means: serve the generated tiny test model."""
-REQUEST_ROUTER = "deployments.request_router:ServiceRouter"
 """Prefix-cache affinity bounded by load, stream feeds pinned (deployments.request_router)."""
 
 
@@ -80,14 +79,6 @@ DEPLOYMENT_ONLY = frozenset(
 
 ToolStrictLevel = Literal["auto", "function", "parameter"]
 """How strictly vLLM holds an automatic tool call to its schema."""
-
-ENGINE_DEFAULTS: dict[str, Any] = {
-    # Repeated prefixes (system prompts, agent turns) skip prefill: usage reports cached_tokens.
-    "enable_prefix_caching": True,
-    # Structured outputs without free whitespace: a weak model cannot pad JSON up to max_tokens.
-    "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
-}
-"""What every type's engine gets unless its engine_args say otherwise."""
 
 
 class AdapterConfig(BaseModel):
@@ -378,107 +369,6 @@ class ModelTypeConfig(BaseModel):
                 "engine_args": engine_args,
             }
         )
-
-    def serve_options(self) -> dict[str, Any]:
-        """Keyword arguments for `Deployment.options()` of this model type's deployment."""
-        from ray.serve.config import RequestRouterConfig
-
-        actor_options: dict[str, Any] = {"num_cpus": self.num_cpus}
-        if self.env_vars:
-            actor_options["runtime_env"] = {"env_vars": dict(self.env_vars)}
-        options: dict[str, Any] = {
-            "name": self.name,
-            "max_ongoing_requests": self.max_ongoing_requests,
-            "max_queued_requests": self.max_queued_requests,
-            "health_check_period_s": self.health_check_period_s,
-            "health_check_timeout_s": self.health_check_timeout_s,
-            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
-            "max_surge_percent": self.max_surge_percent,
-            "ray_actor_options": actor_options,
-            "request_router_config": RequestRouterConfig(
-                # Ray's field takes the class's import path (it imports it in each router).
-                request_router_class=REQUEST_ROUTER,  # type: ignore[arg-type]
-                request_router_kwargs={
-                    "model_type": self.name,
-                    "prefix_affinity": self.prefix_affinity,
-                    "max_imbalance": self.max_imbalance,
-                },
-            ),
-        }
-        if self.autoscaling_config is not None:
-            options["autoscaling_config"] = dict(self.autoscaling_config)
-        else:
-            options["num_replicas"] = 1 if self.num_replicas is None else self.num_replicas
-        if self.tensor_parallel_size == 1:
-            if self.num_gpus_per_shard:
-                actor_options["num_gpus"] = self.num_gpus_per_shard
-            if self.accelerator_type:
-                actor_options["accelerator_type"] = self.accelerator_type
-        if self.serving_processes > 1:
-            return self._gang_options(options)
-        if self.tensor_parallel_size > 1:
-            # vLLM's Ray executor starts one worker (1 GPU, 0 CPU) in each bundle that has a GPU;
-            # Serve pins the replica, which then holds no GPU, to bundle 0. STRICT_PACK keeps a
-            # replica on one node: tensor parallelism needs NVLink.
-            options["placement_group_bundles"] = self._bundles()
-            options["placement_group_strategy"] = "STRICT_PACK"
-        return options
-
-    def _bundles(self) -> list[dict[str, float]]:
-        """One bundle per shard, each with its GPU; the first with the replica's CPUs."""
-        shard: dict[str, float] = {"GPU": 1.0}
-        if self.accelerator_type:
-            shard[f"accelerator_type:{self.accelerator_type}"] = 0.001
-        bundles = [dict(shard) for _ in range(self.tensor_parallel_size)]
-        bundles[0]["CPU"] = self.num_cpus
-        return bundles
-
-    def _gang_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        """`options` for a gang of `serving_processes` replicas per engine: the engine's
-        replicas, autoscaling bounds and request limit counted in members, each member with its
-        share of the GPU (deployments.serving_processes checks that they share one)."""
-        n = self.serving_processes
-        options["gang_scheduling_config"] = {"gang_size": n, "gang_placement_strategy": "PACK"}
-        options["max_ongoing_requests"] = -(-self.max_ongoing_requests // n)
-        if "num_replicas" in options:
-            options["num_replicas"] *= n
-        scaling = options.get("autoscaling_config")
-        if scaling is not None:
-            for bound in ("min_replicas", "initial_replicas", "max_replicas"):
-                if scaling.get(bound) is not None:
-                    scaling[bound] *= n
-            if "target_ongoing_requests" in scaling:
-                scaling["target_ongoing_requests"] /= n
-        if self.num_gpus_per_shard:
-            options["ray_actor_options"]["num_gpus"] = self.num_gpus_per_shard / n
-        return options
-
-    def engine_kwargs(self, model_path: str) -> dict[str, Any]:
-        """Keyword arguments for vLLM's AsyncEngineArgs."""
-        kwargs: dict[str, Any] = {
-            **ENGINE_DEFAULTS,
-            "model": model_path,
-            "tokenizer": model_path,
-            "served_model_name": [self.name],
-            "tensor_parallel_size": self.tensor_parallel_size,
-            **self.engine_args,
-        }
-        if self.adapters:
-            kwargs.setdefault("enable_lora", True)
-        if self.task == "embed":
-            kwargs["runner"] = "pooling"
-            pooler = dict(kwargs.get("pooler_config") or {})
-            if self.pooling is not None:
-                pooler["pooling_type"] = self.pooling.upper()
-            if self.normalize is not None:
-                pooler["use_activation"] = self.normalize
-            if pooler:
-                kwargs["pooler_config"] = pooler
-        if self.tensor_parallel_size > 1:
-            # Left to itself vLLM counts the GPUs this replica sees (none: they are in the
-            # bundles) and refuses; the Ray executor uses the bundles instead.
-            kwargs["distributed_executor_backend"] = "ray"
-        return kwargs
 
 
 def tiny_model_dir() -> Path:

@@ -28,7 +28,7 @@ from app.observability.metrics import InFlight
 from app.observability.request_record import ObservedRequests
 from app.openai.errors import api_path, handle, install_error_handlers, validation_error
 from app.serving.adapters import RegisteredAdapters
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from app.version import VERSION
 
 _NO_DOCS: dict[str, Any] = {"docs_url": None, "redoc_url": None, "openapi_url": None}

@@ -21,7 +21,7 @@ from pathlib import Path
 from app.accounts.keystore import KeyStore
 from app.accounts.keystore.errors import StoreUnavailable
 from app.openai.errors import ApiError
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from deployments.wire import ModelInfo
 
 logger = logging.getLogger("ray.serve")

@@ -18,10 +18,9 @@ from app.limits.structure_bounds import check_structures, marked
 from app.limits.ticket import Ticket
 from app.openai.errors import ApiError
 from app.openai.protocol import Structure
-from app.serving import migration
+from app.serving.checks import InputSize
 from app.serving.continuation import Continue, resumable
-from app.serving.dispatch import ModelEndpoint
-from app.serving.pipeline import InputSize
+from app.serving.migration import Failover
 from deployments.wire import Api, ModelInfo, ReplyPart
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -85,7 +84,5 @@ class RelayedCall:
         """How a cut stream goes on (the API's continuation rules), or why it cannot."""
         return resumable(f"a {self.api} request is not streamed", lambda sent, received: "")
 
-    async def in_background(
-        self, endpoint: ModelEndpoint, payload: dict, ticket: Ticket, attempts: migration.Attempts
-    ) -> Response:
+    async def in_background(self, failover: Failover, ticket: Ticket) -> Response:
         raise NotImplementedError("only /v1/responses answers in the background")

@@ -88,6 +88,31 @@ class Attempts:
         return True
 
 
+class Failover:
+    """One request's dispatch with failover, the one stage the pipeline calls: its reply from
+    the type's endpoint, started over on another replica while one fails it before the client
+    saw anything, and a stream that goes on from where it was cut (by the API's `resume`
+    rules) once it did."""
+
+    def __init__(self, endpoint: ModelEndpoint, api: Api, payload: dict, attempts: int) -> None:
+        self.endpoint = endpoint
+        self.api = api
+        self.payload = payload
+        self.attempts = Attempts(attempts)
+
+    async def whole(self, meter: Meter) -> ReplyPart:
+        """The whole reply (the client is charged what the reply it gets cost)."""
+        return await whole_reply(self.endpoint, self.api, self.payload, meter, self.attempts)
+
+    async def stream(self, meter: Meter, resume: Continue) -> tuple[ReplyPart, ContinuedStream]:
+        """The stream's first part, and its parts after the first."""
+        first, parts = await open_stream(
+            self.endpoint, self.api, self.payload, meter, self.attempts
+        )
+        rest = ContinuedStream(self.endpoint, self.api, first, parts, meter, self.attempts, resume)
+        return first, rest
+
+
 async def whole_reply(
     endpoint: ModelEndpoint, api: Api, payload: dict, meter: Meter, attempts: Attempts
 ) -> ReplyPart:

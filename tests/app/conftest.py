@@ -16,7 +16,7 @@ from app.limits.admission import RateLimits
 from app.limits.counters import MemoryCounters, open_counters
 from app.limits.plans import Plans
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from tests.app.shipped_plans import PLANS, REDIS_URL
 from tests.conftest import app_args
 

@@ -22,7 +22,7 @@ from app.limits.plans import Plans
 from app.limits.usage_meter import UsageMeter
 from app.openai.errors import ApiError
 from app.openai.protocol import MAX_MESSAGES
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from tests.app.conftest import bearer
 from tests.app.http.asgi_exchange import Exchange, http_scope
 from tests.conftest import REDIS, app_args, error_of

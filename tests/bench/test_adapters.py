@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.adapters import LORA_ARGS, SPREADS, model_type, models_of, table
+from deployments.deployment_options import engine_kwargs
 from deployments.model_type import ModelTypeConfig
 
 
@@ -16,7 +17,7 @@ def test_the_service_and_bare_vllm_get_the_same_adapters_and_lora_sizes():
     entry = model_type({"a0": "/x/a0", "a1": "/x/a1"})
     config = ModelTypeConfig.model_validate(entry)
     assert config.adapter_paths() == {"ServiceAi-Fast:a0": "/x/a0", "ServiceAi-Fast:a1": "/x/a1"}
-    kwargs = config.engine_kwargs("/m")
+    kwargs = engine_kwargs(config, "/m")
     assert kwargs["enable_lora"] is True
     assert {k: kwargs[k] for k in LORA_ARGS} == LORA_ARGS
 

@@ -12,6 +12,7 @@ import pytest
 from bench import embeddings
 from bench.embeddings import ENGINE_SET_BY_NAME, embed_type, table, texts
 from bench.servers import Server
+from deployments.deployment_options import engine_kwargs
 from deployments.model_type import ModelTypeConfig
 
 
@@ -23,7 +24,7 @@ def test_the_texts_are_distinct_and_the_same_in_every_round():
 
 def test_both_servers_get_the_local_profiles_engine_args_and_bare_the_pooling_runner():
     config = ModelTypeConfig.model_validate(embed_type())
-    kwargs = config.engine_kwargs("/m")
+    kwargs = engine_kwargs(config, "/m")
     assert kwargs["runner"] == "pooling"  # `vllm serve --runner pooling` for bare vLLM
     passed = {k: v for k, v in kwargs.items() if k not in ENGINE_SET_BY_NAME}
     assert passed["max_model_len"] == 2048 and "runner" not in passed

@@ -7,6 +7,7 @@ import pytest
 from app.config.service import ServiceConfig
 from bench import run
 from bench.servers import bare_command, bench_model_type, service_config, service_model_type
+from deployments.deployment_options import serve_options
 
 GPU_ENGINE = {
     "max_model_len": 2048,
@@ -118,7 +119,7 @@ def test_on_a_gpu_node_both_servers_serve_the_operators_model_with_the_same_engi
     assert ours.engine_args == GPU_ENGINE
     assert ours.tool_call_parser is None  # as bare vLLM: hermes is the tiny model's format
     assert ours.num_gpus_per_shard == 1
-    assert ours.serve_options()["ray_actor_options"]["num_gpus"] == 1
+    assert serve_options(ours)["ray_actor_options"]["num_gpus"] == 1
     # every client reaches the engine at once, as with bare vLLM; none is refused by Serve's queue
     assert ours.max_ongoing_requests == 256 and ours.max_queued_requests >= 256
 

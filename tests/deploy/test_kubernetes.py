@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from app.serving.ray_runtime import SERVE_ENV
+from deployments.deployment_options import engine_kwargs, serve_options
 from deployments.model_type import ModelTypeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +177,7 @@ def test_each_types_engine_arguments_are_ones_vllm_accepts(rendered):
 
     for name, objects in rendered.items():
         for model in running_types(objects).values():
-            args = AsyncEngineArgs(**model.engine_kwargs(model.model))  # unknown keys: TypeError
+            args = AsyncEngineArgs(**engine_kwargs(model, model.model))  # unknown keys: TypeError
             assert args.quantization in (None, *QUANTIZATION_METHODS), (name, model.name)
             assert 0 < args.gpu_memory_utilization <= 0.95, (name, model.name)
     coder = running_types(rendered["h100-llama"])["ServiceAi-Coder"]
@@ -193,7 +194,7 @@ def test_every_types_replica_fits_its_own_group_with_room_to_scale(rendered):
         }
         for model in running_types(objects).values():
             group = workers[f"gpu-{model.name.lower().removeprefix('serviceai-')}"]
-            bundles = model.serve_options().get("placement_group_bundles") or [
+            bundles = serve_options(model).get("placement_group_bundles") or [
                 {
                     "CPU": model.num_cpus,
                     "GPU": model.num_gpus_per_shard,

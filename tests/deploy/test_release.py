@@ -14,7 +14,7 @@ from app.cli.main import cli
 from app.config.settings import PROJECT_ROOT
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from app.version import VERSION
 from tests.app.conftest import shipped_limits
 

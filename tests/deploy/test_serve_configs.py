@@ -20,6 +20,7 @@ from ray.serve.schema import ServeApplicationSchema, ServeDeploySchema
 from ray.util.placement_group import validate_placement_group
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
+from deployments.deployment_options import engine_kwargs
 from deployments.model_type import ModelTypeConfig, ray_accelerator_types
 from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import (
@@ -141,7 +142,7 @@ def test_tensor_parallel_replica_reserves_one_gpu_bundle_per_shard(
     # The replica holds no GPU itself; vLLM's Ray executor puts one worker in each GPU bundle.
     assert pro.replica.resource_dict == {"CPU": bundles[0]["CPU"]}
     config = ModelTypeConfig.model_validate(applications(production)["ServiceAi-Pro"]["args"])
-    assert config.engine_kwargs("m")["distributed_executor_backend"] == "ray"
+    assert engine_kwargs(config, "m")["distributed_executor_backend"] == "ray"
 
 
 def serving(deployments: list) -> list:
@@ -201,7 +202,7 @@ def test_engine_args_are_ones_vllm_accepts(production):
 
     for entry in model_types(production):
         config = ModelTypeConfig.model_validate(entry)
-        args = AsyncEngineArgs(**config.engine_kwargs(config.model))  # unknown keys: TypeError
+        args = AsyncEngineArgs(**engine_kwargs(config, config.model))  # unknown keys: TypeError
         assert args.enable_prefix_caching is True, entry["name"]
         assert 0 < args.gpu_memory_utilization <= 0.95, entry["name"]
         assert args.quantization in (None, *QUANTIZATION_METHODS), entry["name"]

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from app.cli.gpu_profile import serve_config
 from app.cli.main import cli
+from deployments.deployment_options import engine_kwargs
 from deployments.gpu_profile import (
     DEFAULT_MODELS,
     USABLE,
@@ -98,7 +99,7 @@ def test_the_profiles_serve_config_is_one_vllm_and_the_service_accept(memory):
     for entry in app["args"]["model_types"]:
         model_type = ModelTypeConfig.model_validate(entry)
         assert model_type.resolved_model({"SERVICEAI_MODEL_FAST": "other"}) == entry["model"]
-        args = AsyncEngineArgs(**model_type.engine_kwargs(model_type.model))
+        args = AsyncEngineArgs(**engine_kwargs(model_type, model_type.model))
         assert 0 < args.gpu_memory_utilization < USABLE
         assert args.tensor_parallel_size == 1 and args.enable_prefix_caching
 

@@ -3,14 +3,10 @@ from pydantic import ValidationError
 from ray.serve.config import RequestRouterConfig
 
 from deployments.catalog import LOGICAL_MODEL_TYPES
+from deployments.deployment_options import REQUEST_ROUTER, engine_kwargs, serve_options
 from deployments.model_families import UnknownFamily
 from deployments.model_server import ModelServer
-from deployments.model_type import (
-    REQUEST_ROUTER,
-    TINY_MODEL,
-    ModelTypeConfig,
-    ray_accelerator_types,
-)
+from deployments.model_type import TINY_MODEL, ModelTypeConfig, ray_accelerator_types
 
 
 def gpu_type(**fields) -> ModelTypeConfig:
@@ -26,7 +22,7 @@ def gpu_type(**fields) -> ModelTypeConfig:
 
 
 def test_cpu_defaults():
-    options = ModelTypeConfig(name="ServiceAi-Fast", num_cpus=0.5).serve_options()
+    options = serve_options(ModelTypeConfig(name="ServiceAi-Fast", num_cpus=0.5))
     assert options == {
         "name": "ServiceAi-Fast",
         "max_ongoing_requests": 64,
@@ -49,12 +45,18 @@ def test_cpu_defaults():
 
 
 def test_one_gpu_replica_is_pinned_to_its_accelerator():
-    options = gpu_type(
-        autoscaling_config={"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 32},
-        max_ongoing_requests=128,
-        max_queued_requests=512,
-        env_vars={"VLLM_LOGGING_LEVEL": "WARNING"},
-    ).serve_options()
+    options = serve_options(
+        gpu_type(
+            autoscaling_config={
+                "min_replicas": 1,
+                "max_replicas": 8,
+                "target_ongoing_requests": 32,
+            },
+            max_ongoing_requests=128,
+            max_queued_requests=512,
+            env_vars={"VLLM_LOGGING_LEVEL": "WARNING"},
+        )
+    )
     assert options["ray_actor_options"] == {
         "num_cpus": 1.0,
         "num_gpus": 1,
@@ -69,7 +71,7 @@ def test_one_gpu_replica_is_pinned_to_its_accelerator():
 
 def test_tensor_parallel_uses_one_gpu_bundle_per_shard_on_one_node():
     config = gpu_type(tensor_parallel_size=4, num_cpus=2)
-    options = config.serve_options()
+    options = serve_options(config)
     assert options["placement_group_strategy"] == "STRICT_PACK"
     assert options["placement_group_bundles"] == [
         {"GPU": 1.0, "accelerator_type:A100": 0.001, "CPU": 2},
@@ -79,14 +81,14 @@ def test_tensor_parallel_uses_one_gpu_bundle_per_shard_on_one_node():
     ]
     # The replica sits in bundle 0 without a GPU of its own; vLLM's Ray workers take the GPUs.
     assert options["ray_actor_options"] == {"num_cpus": 2}
-    kwargs = config.engine_kwargs("/models/x")
+    kwargs = engine_kwargs(config, "/models/x")
     assert kwargs["tensor_parallel_size"] == 4
     assert kwargs["distributed_executor_backend"] == "ray"
 
 
 def test_serving_processes_are_a_gang_of_replicas_each_with_its_share_of_the_gpu():
     config = gpu_type(serving_processes=4, num_cpus=2, max_ongoing_requests=30, num_replicas=2)
-    options = config.serve_options()
+    options = serve_options(config)
     assert options["gang_scheduling_config"] == {"gang_size": 4, "gang_placement_strategy": "PACK"}
     # Engines are counted in gangs: two engines are eight replicas, each a quarter of a GPU
     # and a quarter of the engine's requests (rounded up).
@@ -96,10 +98,12 @@ def test_serving_processes_are_a_gang_of_replicas_each_with_its_share_of_the_gpu
     assert "placement_group_bundles" not in options
     replica = ModelServer.options(**options)._replica_config
     assert replica.resource_dict == {"CPU": 2.0, "GPU": 0.25, "accelerator_type:A100": 0.001}
-    scaled = gpu_type(
-        serving_processes=2,
-        autoscaling_config={"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 8},
-    ).serve_options()
+    scaled = serve_options(
+        gpu_type(
+            serving_processes=2,
+            autoscaling_config={"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 8},
+        )
+    )
     assert scaled["autoscaling_config"] == {
         "min_replicas": 2,
         "max_replicas": 6,
@@ -119,7 +123,7 @@ def test_serving_processes_need_cpus_of_the_replica():
 
 
 def test_ray_serve_accepts_the_options_and_translates_the_accelerator_as_nodes_advertise_it():
-    one_gpu = ModelServer.options(**gpu_type(accelerator_type="L4").serve_options())
+    one_gpu = ModelServer.options(**serve_options(gpu_type(accelerator_type="L4")))
     # Ray's own translation: the resource an L4 node offers as accelerator_type:L4.
     assert one_gpu._replica_config.resource_dict == {
         "CPU": 1.0,
@@ -127,14 +131,14 @@ def test_ray_serve_accepts_the_options_and_translates_the_accelerator_as_nodes_a
         "accelerator_type:L4": 0.001,
     }
 
-    sharded = ModelServer.options(**gpu_type(tensor_parallel_size=2, num_cpus=4).serve_options())
+    sharded = ModelServer.options(**serve_options(gpu_type(tensor_parallel_size=2, num_cpus=4)))
     # Serve checked that the replica fits bundle 0, where it pins the replica.
     assert sharded._replica_config.resource_dict == {"CPU": 4.0}
     assert sharded._replica_config.placement_group_bundles[0]["CPU"] == 4.0
 
 
 def test_rollout_surge_and_drain_time_reach_serve():
-    options = gpu_type(max_surge_percent=25, graceful_shutdown_timeout_s=600).serve_options()
+    options = serve_options(gpu_type(max_surge_percent=25, graceful_shutdown_timeout_s=600))
     deployment = ModelServer.options(**options)
     assert deployment._deployment_config.max_surge_percent == 25
     assert deployment._deployment_config.graceful_shutdown_timeout_s == 600
@@ -154,9 +158,9 @@ def test_accelerator_types_are_the_ones_ray_knows():
 
 
 def test_engine_kwargs_name_the_logical_type_only():
-    kwargs = ModelTypeConfig(
-        name="ServiceAi-Coder", engine_args={"max_model_len": 4096}
-    ).engine_kwargs("/m")
+    kwargs = engine_kwargs(
+        ModelTypeConfig(name="ServiceAi-Coder", engine_args={"max_model_len": 4096}), "/m"
+    )
     assert kwargs == {
         "model": "/m",
         "tokenizer": "/m",
@@ -169,9 +173,9 @@ def test_engine_kwargs_name_the_logical_type_only():
 
 
 def test_engine_args_override_the_engine_defaults():
-    kwargs = ModelTypeConfig(
-        name="ServiceAi-Fast", engine_args={"enable_prefix_caching": False}
-    ).engine_kwargs("/m")
+    kwargs = engine_kwargs(
+        ModelTypeConfig(name="ServiceAi-Fast", engine_args={"enable_prefix_caching": False}), "/m"
+    )
     assert kwargs["enable_prefix_caching"] is False
 
 
@@ -224,11 +228,11 @@ def test_an_embedding_type_runs_the_pooling_runner_with_its_pooling():
     config = ModelTypeConfig.model_validate(
         {"name": "ServiceAi-Embed", "task": "embed", "pooling": "mean", "normalize": False}
     )
-    kwargs = config.engine_kwargs("/m")
+    kwargs = engine_kwargs(config, "/m")
     assert kwargs["runner"] == "pooling"
     assert kwargs["pooler_config"] == {"pooling_type": "MEAN", "use_activation": False}
     plain = ModelTypeConfig.model_validate({"name": "ServiceAi-Embed", "task": "embed"})
-    assert "pooler_config" not in plain.engine_kwargs("/m")  # the model's own
+    assert "pooler_config" not in engine_kwargs(plain, "/m")  # the model's own
 
 
 def test_adapters_turn_lora_on_and_are_served_as_type_colon_name():
@@ -240,9 +244,9 @@ def test_adapters_turn_lora_on_and_are_served_as_type_colon_name():
         }
     )
     assert config.adapter_paths() == {"ServiceAi-Coder:acme-sql": "/adapters/acme"}
-    kwargs = config.engine_kwargs("/m")
+    kwargs = engine_kwargs(config, "/m")
     assert kwargs["enable_lora"] is True and kwargs["max_loras"] == 4
-    assert "enable_lora" not in ModelTypeConfig(name="ServiceAi-Fast").engine_kwargs("/m")
+    assert "enable_lora" not in engine_kwargs(ModelTypeConfig(name="ServiceAi-Fast"), "/m")
 
 
 def test_a_model_named_by_the_types_variable_runs_with_its_familys_parsers():

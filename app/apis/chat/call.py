@@ -6,8 +6,8 @@ from app.apis.chat import continuation
 from app.apis.chat.protocol import ChatCompletionRequest
 from app.openai.protocol import ReplyLength
 from app.serving.calls import RelayedCall
+from app.serving.checks import check_reasoning, check_tools
 from app.serving.continuation import Continue
-from app.serving.pipeline import check_reasoning, check_tools
 from deployments.wire import Api, ModelInfo
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.apis.embeddings.protocol import EmbeddingRequest
 from app.openai.protocol import ReplyLength
 from app.serving.calls import RelayedCall
-from app.serving.pipeline import PROMPT_BYTES_BOUND, InputSize
+from app.serving.checks import PROMPT_BYTES_BOUND, InputSize
 from deployments.wire import Api, ModelInfo
 
 SPECIAL_TOKENS_BOUND = 4

@@ -16,8 +16,8 @@ from app.apis.messages.protocol import MessagesRequest
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
 from app.serving.calls import RelayedCall
+from app.serving.checks import check_reasoning, check_tools
 from app.serving.continuation import Continue
-from app.serving.pipeline import check_reasoning, check_tools
 from deployments.wire import Api, ModelInfo
 
 _TOOL_CHOICES = {None: None, "auto": "auto", "none": "none", "any": "required", "tool": "named"}

@@ -14,7 +14,8 @@ from app.accounts.auth import Caller, authenticate
 from app.apis.messages.call import MessagesCall
 from app.apis.messages.protocol import CountTokensRequest, MessagesRequest
 from app.serving.adapters import adapter_path
-from app.serving.pipeline import check_api_served, serve, target
+from app.serving.checks import check_api_served
+from app.serving.pipeline import serve, target
 from deployments.wire import ADAPTER_PATH, Api
 
 router = APIRouter(tags=["messages"])

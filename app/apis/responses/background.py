@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from app.limits.ticket import Ticket
 from app.openai.errors import ApiError
-from app.serving import migration
-from app.serving.dispatch import ModelEndpoint
+from app.serving.migration import Failover
 
 if TYPE_CHECKING:
     from app.apis.responses.call import ResponsesCall
@@ -43,19 +42,13 @@ def start(generation: Coroutine[None, None, None]) -> None:
     task.add_done_callback(_RUNNING.discard)
 
 
-async def generate(
-    call: ResponsesCall,
-    endpoint: ModelEndpoint,
-    payload: dict,
-    ticket: Ticket,
-    attempts: migration.Attempts,
-) -> None:
+async def generate(call: ResponsesCall, failover: Failover, ticket: Ticket) -> None:
     """Generate the response and store its end: on another replica, started over, where its
     own fails it (app.serving.migration)."""
     try:
         await call.started()
         async with ticket.charging() as meter:
-            reply = migration.whole_reply(endpoint, call.api, payload, meter, attempts)
+            reply = failover.whole(meter)
             whole = await watched(call, reply)
             meter.charge()
         await call.whole(whole.data)

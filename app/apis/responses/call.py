@@ -25,10 +25,9 @@ from app.limits.structure_bounds import check_structures, marked
 from app.limits.ticket import Ticket
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
-from app.serving import migration
+from app.serving.checks import InputSize, check_reasoning, check_tools
 from app.serving.continuation import Continue
-from app.serving.dispatch import ModelEndpoint
-from app.serving.pipeline import InputSize, check_reasoning, check_tools
+from app.serving.migration import Failover
 from deployments.wire import Api, ModelInfo, ReplyPart
 
 logger = logging.getLogger("ray.serve.serviceai")
@@ -98,12 +97,10 @@ class ResponsesCall:
         await self._keep(response)
         return orjson.dumps(response)
 
-    async def in_background(
-        self, endpoint: ModelEndpoint, payload: dict, ticket: Ticket, attempts: migration.Attempts
-    ) -> Response:
+    async def in_background(self, failover: Failover, ticket: Ticket) -> Response:
         """The response stored queued and answered now; generated after, its end stored."""
-        queued = await self.queued(endpoint.name)
-        background.start(background.generate(self, endpoint, payload, ticket, attempts))
+        queued = await self.queued(failover.endpoint.name)
+        background.start(background.generate(self, failover, ticket))
         return Response(queued, media_type="application/json", headers=ticket.headers)
 
     async def queued(self, model: str) -> bytes:

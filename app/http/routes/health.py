@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 
 router = APIRouter()
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from app.accounts.auth import Caller, authenticate
 from app.openai.protocol import ErrorResponse, ModelCard, ModelList
 from app.serving.adapters import adapters_of, check_adapter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from app.serving.pipeline import adapter_named, check_allowed
 
 router = APIRouter()

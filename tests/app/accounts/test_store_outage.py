@@ -14,7 +14,7 @@ from app.accounts.auth import KeyVerifier
 from app.accounts.keystore import Database, KeyStore
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from tests.app.conftest import bearer, shipped_limits
 from tests.conftest import PostgresDatabases, error_of
 from tests.tcp_proxy import TcpProxy

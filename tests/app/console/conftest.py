@@ -16,7 +16,7 @@ from app.config.settings import Settings
 from app.console import mount_console
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from tests.app.conftest import shipped_limits
 from tests.app.serve_fakes import serve_response
 

@@ -6,7 +6,7 @@ import pytest
 from app.accounts.auth import KeyVerifier
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from tests.app.conftest import ADMIN_TOKEN, bearer, shipped_limits
 from tests.conftest import error_of
 

@@ -15,7 +15,7 @@ from app.config.settings import Settings
 from app.http.app import create_api
 from app.http.body_limit import DEFAULT_MAX_BODY_BYTES, DRAIN_FACTOR, BodyLimit
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from tests.app.conftest import bearer, shipped_limits
 from tests.app.http.asgi_exchange import Exchange, http_scope
 from tests.conftest import error_of

@@ -9,7 +9,7 @@ from app.accounts.auth import KeyVerifier
 from app.config.settings import Settings
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from tests.app.conftest import bearer, shipped_limits
 
 PAGE = "http://localhost:3000"

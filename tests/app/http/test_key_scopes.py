@@ -16,7 +16,7 @@ from app.accounts.auth import KeyVerifier
 from app.accounts.keystore import KeyStore
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from tests.app.conftest import ADMIN_TOKEN, bearer, shipped_limits
 from tests.app.serve_fakes import FakeHandle
 from tests.conftest import error_of

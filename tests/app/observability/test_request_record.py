@@ -17,7 +17,7 @@ from app.limits.usage_meter import UsageMeter
 from app.observability import access_log
 from app.observability.metrics import InFlight
 from app.observability.request_record import CLIENT_CLOSED, RequestRecord
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from tests.app.conftest import bearer, shipped_limits
 
 ACCESS_FIELDS = {

@@ -10,7 +10,9 @@ from ray.serve.handle import DeploymentResponseGenerator
 from app.limits.ticket import Meter
 from app.openai.errors import ApiError
 from app.serving import dispatch
-from app.serving.dispatch import ModelEndpoint, ModelEndpoints, running_replicas, scales_to_zero
+from app.serving.dispatch import ModelEndpoint
+from app.serving.endpoints import ModelEndpoints
+from deployments.ray_internals import running_replicas, scales_to_zero
 from deployments.wire import EngineUnavailable, InvalidGenerationRequest, ModelInfo, ReplyPart
 from tests.app.serve_fakes import FakeHandle, serve_response, serve_stream
 

@@ -8,7 +8,7 @@ import pytest
 
 from app.limits.ticket import Meter
 from app.openai.errors import ApiError
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from app.serving.in_process import LocalEndpoint
 from app.serving.migration import Attempts
 from deployments.model_type import ModelTypeConfig

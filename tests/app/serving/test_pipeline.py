@@ -17,13 +17,8 @@ from app.observability.metrics import InFlight
 from app.observability.request_record import CLIENT_CLOSED, RequestRecord
 from app.openai.errors import ApiError
 from app.openai.protocol import ReplyLength
-from app.serving.pipeline import (
-    PROMPT_BYTES_BOUND,
-    Tally,
-    _relay,
-    check_prompt_length,
-    check_reply_length,
-)
+from app.serving.checks import PROMPT_BYTES_BOUND, check_prompt_length, check_reply_length
+from app.serving.pipeline import Tally, _relay
 from deployments.wire import ModelInfo, ReplyPart
 from tests.app.shipped_plans import FAST, PRO, caller
 
@@ -58,7 +53,7 @@ def responses(**fields) -> ResponsesCall:
 )
 def test_a_reply_beyond_the_context_is_400_naming_the_apis_field(call, param):
     with pytest.raises(ApiError) as info:
-        check_reply_length(call, WITH_PARSER)
+        check_reply_length(call.reply, WITH_PARSER)
     assert (info.value.status, info.value.code, info.value.param) == (
         400,
         "context_length_exceeded",

@@ -23,7 +23,7 @@ from app.serving.adapters import (
     check_adapter_path,
     check_registrable,
 )
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from deployments.wire import ModelInfo
 from tests.app.conftest import ADMIN_TOKEN, bearer, shipped_limits
 from tests.app.serve_fakes import FakeHandle

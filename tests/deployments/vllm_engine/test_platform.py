@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from deployments.deployment_options import engine_kwargs
 from deployments.model_type import ModelTypeConfig
 from deployments.vllm_engine.engine import _for_this_platform
 
@@ -16,7 +17,7 @@ def test_cpu_build_runs_tensor_parallel_shards_as_local_processes(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     config = ModelTypeConfig(name="ServiceAi-Pro", tensor_parallel_size=2, num_gpus_per_shard=1)
-    kwargs = config.engine_kwargs("/models/tiny")
+    kwargs = engine_kwargs(config, "/models/tiny")
     assert kwargs["distributed_executor_backend"] == "ray"  # what a GPU build gets
     # vLLM CPU: "ValueError: current platform cpu does not support ray."
     assert _for_this_platform(kwargs) == {**kwargs, "distributed_executor_backend": "mp"}
@@ -28,7 +29,7 @@ def test_a_single_shard_engine_runs_unbound_with_its_cpu_shares_threads(monkeypa
     for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING"):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
-    kwargs = ModelTypeConfig(name="ServiceAi-Fast").engine_kwargs("/models/tiny")
+    kwargs = engine_kwargs(ModelTypeConfig(name="ServiceAi-Fast"), "/models/tiny")
     assert _for_this_platform(kwargs) is kwargs
     # vLLM's "auto" would pin every engine of a node to the same cores.
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from app.apis.embeddings.call import SPECIAL_TOKENS_BOUND, EmbeddingsCall, input_size
 from app.apis.embeddings.protocol import EmbeddingRequest
 from app.openai.errors import ApiError
-from app.serving.pipeline import check_api_served, check_inputs
+from app.serving.checks import check_api_served, check_inputs
 from deployments.wire import Api, ModelInfo
 from tests.app.shipped_plans import caller
 

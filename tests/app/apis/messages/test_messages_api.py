@@ -12,7 +12,7 @@ from app.anthropic import envelope
 from app.apis.messages.protocol import MessagesRequest
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from tests.app.conftest import shipped_limits
 from tests.app.serve_fakes import FakeHandle
 

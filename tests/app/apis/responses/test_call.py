@@ -21,7 +21,7 @@ from app.accounts.keystore import KeyStore
 from app.accounts.keystore.responses import ResponseStore
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from deployments.wire import ModelInfo, ReplyPart
 from tests.app.conftest import bearer, shipped_limits
 from tests.app.serve_fakes import assigned, serve_response

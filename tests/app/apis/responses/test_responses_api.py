@@ -14,7 +14,7 @@ from app.accounts.keystore.responses import ResponseStore
 from app.apis.responses.protocol import ResponseCreateRequest
 from app.http.app import create_api
 from app.limits.usage_meter import UsageMeter
-from app.serving.dispatch import ModelEndpoints
+from app.serving.endpoints import ModelEndpoints
 from tests.app.conftest import bearer, shipped_limits
 from tests.app.serve_fakes import FakeHandle
 from tests.conftest import error_of
