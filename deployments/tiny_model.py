@@ -11,6 +11,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # ChatML, with Hermes-style tools as Qwen2.5 writes them: the tools in a system block, each
 # call of an assistant message as <tool_call>{"name", "arguments"}</tool_call>, tool results as
@@ -174,18 +175,19 @@ def generate(
     fast.save_pretrained(out_dir)
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(fast),
+    settings: dict[str, Any] = {
+        "vocab_size": len(fast),
         **(dims or TINY),
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        bos_token_id=fast.bos_token_id,
-        eos_token_id=fast.eos_token_id,
-        pad_token_id=fast.pad_token_id,
-        torch_dtype="float32",
+        "max_position_embeddings": max_positions,
+        "tie_word_embeddings": True,
+        "bos_token_id": fast.bos_token_id,
+        "eos_token_id": fast.eos_token_id,
+        "pad_token_id": fast.pad_token_id,
+        "torch_dtype": "float32",
         **({"matryoshka_dimensions": matryoshka} if matryoshka else {}),
-    )
-    model = LlamaForCausalLM(config).to(torch.float32)
+    }
+    config = LlamaConfig(**settings)
+    model = LlamaForCausalLM(config).float()
     ends = range(len(SPECIAL_TOKENS), len(fast), END_OF_TURN_EVERY) if ends_replies else ()
     model.generation_config = GenerationConfig(
         bos_token_id=fast.bos_token_id,

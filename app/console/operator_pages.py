@@ -11,6 +11,7 @@ audit log's actor.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
@@ -62,6 +63,7 @@ def _page(
         request,
         template,
         status,
+        None,
         user=operator,
         notice=request.session.pop("notice", None),
         **context,
@@ -170,7 +172,7 @@ async def _user(
     )
 
 
-async def _change_user(request: Request, operator: User, user_id: str, **change: object) -> User:
+async def _change_user(request: Request, operator: User, user_id: str, **change: Any) -> User:
     changed = await _store(request).update_user(
         user_id, actor=Actor.operator(operator.email), **change
     )

@@ -209,6 +209,7 @@ async def _keys(
         request,
         "keys.html",
         status,
+        None,
         user=user,
         keys=page.data,
         more=page.has_more,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from sqlalchemy import Select, func, literal, select, union_all
+from sqlalchemy import CompoundSelect, Select, func, literal, select, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
@@ -187,15 +187,15 @@ def daily_totals_query(start: date, end: date, user_id: str | None) -> Select:
 
 def top_keys_query(start: date, end: date, limit: int, user_id: str | None) -> Select:
     """The keys that used the most tokens, summed per key first, then joined to their owner."""
-    per_key = (
+    sums = (
         select(DailyUsageRow.key_id, _REQUESTS.label("requests"), _TOKENS.label("tokens"))
         .where(DailyUsageRow.day >= start, DailyUsageRow.day <= end)
         .group_by(DailyUsageRow.key_id)
     )
     if user_id is not None:
         keys = select(ApiKeyRow.id).where(ApiKeyRow.user_id == user_id)
-        per_key = per_key.where(DailyUsageRow.key_id.in_(keys))
-    per_key = per_key.order_by(_TOKENS.desc(), DailyUsageRow.key_id).limit(limit).subquery()
+        sums = sums.where(DailyUsageRow.key_id.in_(keys))
+    per_key = sums.order_by(_TOKENS.desc(), DailyUsageRow.key_id).limit(limit).subquery()
     return (
         select(
             ApiKeyRow.id,
@@ -212,7 +212,7 @@ def top_keys_query(start: date, end: date, limit: int, user_id: str | None) -> S
     )
 
 
-def top_query(start: date, end: date, limit: int) -> Select:
+def top_query(start: date, end: date, limit: int) -> CompoundSelect:
     """The top `limit` users and the top `limit` keys by tokens, in one statement over one
     sum per key (a CTE, computed once): rows of (kind "user" or "key", id, requests, tokens)."""
     per_key = (
