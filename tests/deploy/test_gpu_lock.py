@@ -67,11 +67,15 @@ def make_run_plan(tmp_path: Path, nvidia_smi: str | None, *args: str) -> str:
         fake.chmod(0o755)
     others = [p for p in os.environ["PATH"].split(os.pathsep) if not Path(p, "nvidia-smi").exists()]
     done = subprocess.run(
-        ["make", "-n", "-B", "run", *args],
+        ["make", "--no-print-directory", "-n", "-B", "run", *args],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
-        env={k: v for k, v in os.environ.items() if k not in ("PYTHON", "BUILD", "MAKEFLAGS")}
+        env={
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PYTHON", "BUILD", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+        }
         | {"PATH": os.pathsep.join([str(bin_dir), *others])},
         check=True,
     )
